@@ -1,0 +1,430 @@
+#include "common/job_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <functional>
+#include <map>
+#include <set>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+
+namespace flashdraft {
+namespace {
+
+// A rule on a field's value; returns an explanation when the value is out of bounds.
+template <typename T>
+using Check = std::function<std::optional<std::string>(const T&)>;
+
+template <typename T>
+Check<T> AtLeast(T lo) {
+  return [lo](const T& v) -> std::optional<std::string> {
+    if (v < lo) return absl::StrCat("must be >= ", lo);
+    return std::nullopt;
+  };
+}
+
+template <typename T>
+Check<T> Between(T lo, T hi) {
+  return [lo, hi](const T& v) -> std::optional<std::string> {
+    if (v < lo || v > hi) return absl::StrCat("must be in [", lo, ", ", hi, "]");
+    return std::nullopt;
+  };
+}
+
+Check<double> Positive() {
+  return [](const double& v) -> std::optional<std::string> {
+    if (!(v > 0)) return std::string("must be > 0");
+    return std::nullopt;
+  };
+}
+
+Check<std::string> OneOf(std::vector<std::string> options) {
+  return [options](const std::string& v) -> std::optional<std::string> {
+    for (const auto& o : options) {
+      if (v == o) return std::nullopt;
+    }
+    return absl::StrCat("must be one of: ", absl::StrJoin(options, ", "));
+  };
+}
+
+std::string TypeName(const int*) { return "an integer"; }
+std::string TypeName(const int64_t*) { return "an integer"; }
+std::string TypeName(const uint64_t*) { return "a non-negative integer"; }
+std::string TypeName(const double*) { return "a number"; }
+std::string TypeName(const bool*) { return "true or false"; }
+std::string TypeName(const std::string*) { return "a string"; }
+std::string TypeName(const std::vector<int>*) { return "a list of integers"; }
+
+template <typename T>
+bool Decode(const YAML::Node& node, T& out) {
+  if constexpr (std::is_same_v<T, std::vector<int>>) {
+    if (node.IsNull()) {
+      out.clear();
+      return true;
+    }
+    if (!node.IsSequence()) return false;
+    std::vector<int> v;
+    for (const YAML::Node& e : node) {
+      int x;
+      if (!e.IsScalar() || !YAML::convert<int>::decode(e, x)) return false;
+      v.push_back(x);
+    }
+    out = std::move(v);
+    return true;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (node.IsNull()) {
+      out.clear();
+      return true;
+    }
+    if (!node.IsScalar()) return false;
+    out = node.Scalar();
+    return true;
+  } else {
+    if (!node.IsScalar()) return false;
+    if constexpr (std::is_same_v<T, uint64_t>) {
+      // yaml-cpp happily wraps "-1" into a huge unsigned; refuse signs explicitly.
+      if (!node.Scalar().empty() && node.Scalar()[0] == '-') return false;
+    }
+    return YAML::convert<T>::decode(node, out);
+  }
+}
+
+template <typename T>
+void Emit(YAML::Emitter& e, const T& v) {
+  if constexpr (std::is_same_v<T, std::vector<int>>) {
+    e << YAML::Flow << YAML::BeginSeq;
+    for (int x : v) e << x;
+    e << YAML::EndSeq;
+  } else if constexpr (std::is_same_v<T, double>) {
+    // The shortest precision that reads back exactly: 6e-4, not 0.00059999999999999995.
+    for (int precision = 6; precision <= 17; ++precision) {
+      YAML::Emitter probe;
+      probe << YAML::Precision(precision) << v;
+      if (YAML::Load(probe.c_str()).as<double>() == v || precision == 17) {
+        e << YAML::Precision(precision) << v;
+        return;
+      }
+    }
+  } else {
+    e << v;
+  }
+}
+
+struct Field {
+  std::string section;  // "" for top-level fields
+  std::string key;
+  std::function<absl::Status(JobConfig&, const YAML::Node&, const std::string& where)> set;
+  std::function<void(const JobConfig&, YAML::Emitter&)> emit;
+
+  std::string path() const { return section.empty() ? key : absl::StrCat(section, ".", key); }
+};
+
+template <typename T>
+Field MakeField(std::string section, std::string key, std::function<T&(JobConfig&)> ref,
+                Check<T> check = nullptr) {
+  Field f;
+  f.section = section;
+  f.key = key;
+  const std::string path = section.empty() ? key : absl::StrCat(section, ".", key);
+  f.set = [ref, check, path](JobConfig& c, const YAML::Node& node,
+                             const std::string& where) -> absl::Status {
+    // Errors quote the value as the user wrote it.
+    YAML::Emitter shown;
+    shown << YAML::Flow << node;
+    T value{};
+    if (!Decode(node, value)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": field '", path, "' must be ",
+                                                     TypeName(&value), ", got '",
+                                                     shown.c_str(), "'"));
+    }
+    if (check) {
+      if (std::optional<std::string> why = check(value)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": field '", path, "' = ", shown.c_str(), " ", *why));
+      }
+    }
+    ref(c) = std::move(value);
+    return absl::OkStatus();
+  };
+  f.emit = [ref](const JobConfig& c, YAML::Emitter& e) {
+    Emit(e, ref(const_cast<JobConfig&>(c)));
+  };
+  return f;
+}
+
+#define FD_FIELD(section, key, type, ...)                                               \
+  MakeField<type>(#section, #key, [](JobConfig& c) -> type& { return c.section.key; }, \
+                  ##__VA_ARGS__)
+#define FD_TOP_FIELD(key, type, ...) \
+  MakeField<type>("", #key, [](JobConfig& c) -> type& { return c.key; }, ##__VA_ARGS__)
+
+const std::vector<Field>& Fields() {
+  static const std::vector<Field> fields = {
+      FD_TOP_FIELD(name, std::string),
+      FD_TOP_FIELD(output_dir, std::string),
+
+      FD_FIELD(target, path, std::string),
+      FD_FIELD(target, layer_ids, std::vector<int>),
+      FD_FIELD(target, dtype, std::string, OneOf({"float32", "bfloat16"})),
+
+      FD_FIELD(drafter, num_hidden_layers, int, Between(1, 64)),
+      FD_FIELD(drafter, block_size, int, Between(2, 64)),
+      FD_FIELD(drafter, num_target_features, int, Between(1, 64)),
+      FD_FIELD(drafter, intermediate_size, int, AtLeast(0)),
+      FD_FIELD(drafter, mask_token_id, int64_t, AtLeast<int64_t>(-1)),
+      FD_FIELD(drafter, loss_decay_gamma, double, AtLeast(0.0)),
+      FD_FIELD(drafter, max_anchors, int, Between(1, 1 << 16)),
+
+      FD_FIELD(data, source, std::string, OneOf({"shards", "target"})),
+      FD_FIELD(data, shards_dir, std::string),
+      FD_FIELD(data, jsonl, std::string),
+      FD_FIELD(data, max_seq_len, int, Between(2, 1 << 20)),
+      FD_FIELD(data, prefetch_steps, int, Between(1, 1024)),
+
+      FD_FIELD(train, seed, uint64_t),
+      FD_FIELD(train, learning_rate, double, Positive()),
+      FD_FIELD(train, adam_beta1, double, Between(0.0, 0.999999)),
+      FD_FIELD(train, adam_beta2, double, Between(0.0, 0.999999)),
+      FD_FIELD(train, adam_eps, double, Positive()),
+      FD_FIELD(train, weight_decay, double, AtLeast(0.0)),
+      FD_FIELD(train, grad_clip_norm, double, AtLeast(0.0)),
+      FD_FIELD(train, warmup_ratio, double, Between(0.0, 1.0)),
+      FD_FIELD(train, epochs, int, Between(1, 100000)),
+      FD_FIELD(train, max_steps, int64_t, AtLeast<int64_t>(0)),
+      FD_FIELD(train, global_batch_size, int, Between(1, 1 << 20)),
+      FD_FIELD(train, intra_op_threads, int, Between(1, 1024)),
+
+      FD_FIELD(cluster, listen, std::string),
+      FD_FIELD(cluster, min_workers, int, Between(1, 100000)),
+      FD_FIELD(cluster, max_workers, int, Between(1, 100000)),
+      FD_FIELD(cluster, backend, std::string, OneOf({"gloo", "nccl"})),
+      FD_FIELD(cluster, collective_interface, std::string),
+      FD_FIELD(cluster, heartbeat_interval_seconds, double, Positive()),
+      FD_FIELD(cluster, heartbeat_timeout_seconds, double, Positive()),
+      FD_FIELD(cluster, collective_timeout_seconds, double, Positive()),
+      FD_FIELD(cluster, join_timeout_seconds, double, Positive()),
+
+      FD_FIELD(checkpoint, dir, std::string),
+      FD_FIELD(checkpoint, every_steps, int, AtLeast(0)),
+      FD_FIELD(checkpoint, keep_last, int, AtLeast(1)),
+
+      FD_FIELD(metrics, enabled, bool),
+      FD_FIELD(metrics, listen, std::string),
+
+      FD_FIELD(security, tls_cert, std::string),
+      FD_FIELD(security, tls_key, std::string),
+      FD_FIELD(security, tls_ca, std::string),
+      FD_FIELD(security, token_file, std::string),
+  };
+  return fields;
+}
+
+const Field* FindField(const std::string& section, const std::string& key) {
+  for (const Field& f : Fields()) {
+    if (f.section == section && f.key == key) return &f;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> SectionNames() {
+  std::vector<std::string> out;
+  for (const Field& f : Fields()) {
+    if (!f.section.empty() && (out.empty() || out.back() != f.section)) out.push_back(f.section);
+  }
+  return out;
+}
+
+std::string KeysOf(const std::string& section) {
+  std::vector<std::string> keys;
+  for (const Field& f : Fields()) {
+    if (f.section == section) keys.push_back(f.key);
+  }
+  return absl::StrJoin(keys, ", ");
+}
+
+bool IsSection(const std::string& name) {
+  for (const std::string& s : SectionNames()) {
+    if (s == name) return true;
+  }
+  return false;
+}
+
+absl::Status Invalid(const std::string& source, const std::string& field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(source, ": field '", field, "' ", why));
+}
+
+}  // namespace
+
+std::optional<double> DefaultLossDecayGamma(int block_size) {
+  switch (block_size) {
+    case 16:
+      return 7.0;
+    case 10:
+      return 5.0;
+    case 8:
+      return 4.0;
+    default:
+      return std::nullopt;
+  }
+}
+
+absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
+  if (c.output_dir.empty()) return Invalid(source, "output_dir", "must not be empty");
+  if (c.cluster.max_workers < c.cluster.min_workers) {
+    return Invalid(source, "cluster.max_workers",
+                   absl::StrCat("= ", c.cluster.max_workers, " is below cluster.min_workers = ",
+                                c.cluster.min_workers));
+  }
+  if (c.cluster.heartbeat_timeout_seconds <= c.cluster.heartbeat_interval_seconds) {
+    return Invalid(source, "cluster.heartbeat_timeout_seconds",
+                   absl::StrCat("= ", c.cluster.heartbeat_timeout_seconds,
+                                " must exceed cluster.heartbeat_interval_seconds = ",
+                                c.cluster.heartbeat_interval_seconds));
+  }
+  if (c.drafter.loss_decay_gamma == 0 && !DefaultLossDecayGamma(c.drafter.block_size)) {
+    return Invalid(source, "drafter.loss_decay_gamma",
+                   absl::StrCat("is required for block_size ", c.drafter.block_size,
+                                " (defaults exist only for 8, 10 and 16)"));
+  }
+  if (!c.target.layer_ids.empty()) {
+    if (static_cast<int>(c.target.layer_ids.size()) != c.drafter.num_target_features) {
+      return Invalid(source, "target.layer_ids",
+                     absl::StrCat("has ", c.target.layer_ids.size(),
+                                  " entries but drafter.num_target_features = ",
+                                  c.drafter.num_target_features));
+    }
+    for (size_t i = 0; i < c.target.layer_ids.size(); ++i) {
+      if (c.target.layer_ids[i] < 0 || (i > 0 && c.target.layer_ids[i] <= c.target.layer_ids[i - 1])) {
+        return Invalid(source, "target.layer_ids",
+                       absl::StrCat("must be non-negative and strictly increasing; entry ", i,
+                                    " is ", c.target.layer_ids[i]));
+      }
+    }
+  }
+  if (c.data.source == "shards" && c.data.shards_dir.empty()) {
+    return Invalid(source, "data.shards_dir", "must be set when data.source is 'shards'");
+  }
+  if (c.data.source == "target") {
+    if (c.target.path.empty()) {
+      return Invalid(source, "target.path", "must be set when data.source is 'target'");
+    }
+    if (c.data.jsonl.empty()) {
+      return Invalid(source, "data.jsonl", "must be set when data.source is 'target'");
+    }
+  }
+  if (c.security.tls_cert.empty() != c.security.tls_key.empty()) {
+    return Invalid(source, c.security.tls_cert.empty() ? "security.tls_cert" : "security.tls_key",
+                   "must be set together with the other (TLS needs both certificate and key)");
+  }
+  if (!c.security.tls_ca.empty() && c.security.tls_cert.empty()) {
+    return Invalid(source, "security.tls_ca", "needs security.tls_cert and security.tls_key");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid YAML: ", e.what()));
+  }
+  JobConfig config;
+  if (root.IsNull()) {
+    FD_RETURN_IF_ERROR(ValidateJobConfig(config, source));
+    return config;
+  }
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": the job file must be a mapping"));
+  }
+  for (const auto& entry : root) {
+    const std::string key = entry.first.as<std::string>();
+    const YAML::Node& value = entry.second;
+    if (IsSection(key)) {
+      if (value.IsNull()) continue;
+      if (!value.IsMap()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ": section '", key, "' must be a mapping"));
+      }
+      for (const auto& inner : value) {
+        const std::string field = inner.first.as<std::string>();
+        const Field* f = FindField(key, field);
+        if (f == nullptr) {
+          return absl::InvalidArgumentError(absl::StrCat(source, ": unknown field '", key, ".",
+                                                         field, "' (known: ", KeysOf(key), ")"));
+        }
+        FD_RETURN_IF_ERROR(f->set(config, inner.second, source));
+      }
+      continue;
+    }
+    const Field* f = FindField("", key);
+    if (f == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": unknown field '", key, "' (known: ", KeysOf(""), ", ",
+                       absl::StrJoin(SectionNames(), ", "), ")"));
+    }
+    FD_RETURN_IF_ERROR(f->set(config, value, source));
+  }
+  FD_RETURN_IF_ERROR(ValidateJobConfig(config, source));
+  return config;
+}
+
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
+  FD_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  return ParseJobConfig(text, path);
+}
+
+absl::Status ApplyOverride(JobConfig& config, const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("override '", assignment, "' must look like section.field=value"));
+  }
+  const std::string path = assignment.substr(0, eq);
+  const std::string text = assignment.substr(eq + 1);
+  std::vector<std::string> parts = absl::StrSplit(path, '.');
+  const Field* f = nullptr;
+  if (parts.size() == 1) f = FindField("", parts[0]);
+  if (parts.size() == 2) f = FindField(parts[0], parts[1]);
+  if (f == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("override '", assignment, "': unknown field '",
+                                                   path, "'"));
+  }
+  YAML::Node node;
+  try {
+    node = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("override '", assignment, "': value is not valid YAML: ", e.what()));
+  }
+  JobConfig updated = config;
+  FD_RETURN_IF_ERROR(f->set(updated, node, "override"));
+  FD_RETURN_IF_ERROR(ValidateJobConfig(updated, "override"));
+  config = std::move(updated);
+  return absl::OkStatus();
+}
+
+std::string JobConfigToYaml(const JobConfig& config) {
+  YAML::Emitter e;
+  e << YAML::BeginMap;
+  std::string open_section;
+  for (const Field& f : Fields()) {
+    if (f.section != open_section) {
+      if (!open_section.empty()) e << YAML::EndMap;
+      open_section = f.section;
+      e << YAML::Key << f.section << YAML::Value << YAML::BeginMap;
+    }
+    e << YAML::Key << f.key << YAML::Value;
+    f.emit(config, e);
+  }
+  if (!open_section.empty()) e << YAML::EndMap;
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
+}
+
+}  // namespace flashdraft

@@ -1,0 +1,127 @@
+// The YAML job file (DESIGN.md §6) as validated option structs. Every field has a default, is checked
+// on load, and errors name the file, the field path and the offending value. Unknown fields are
+// errors too: a typo must not silently fall back to a default.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace flashdraft {
+
+struct TargetConfig {
+  // Hugging Face model folder (config.json + safetensors). Empty when training from shards only.
+  std::string path;
+  // Decoder layers whose outputs condition the drafter (layer id i = output of decoder layer i).
+  // Empty: computed from the drafter's num_target_features and the target's layer count.
+  std::vector<int> layer_ids;
+  // "float32" | "bfloat16": the dtype the target runs in and hidden states travel in.
+  std::string dtype = "bfloat16";
+};
+
+struct DrafterConfig {
+  int num_hidden_layers = 5;
+  int block_size = 16;
+  // Number of target layers whose features are concatenated (n in n·H).
+  int num_target_features = 5;
+  // 0: take the target's intermediate size.
+  int intermediate_size = 0;
+  // -1: the first id after the tokenizer's vocabulary (DFLASH.md §2).
+  int64_t mask_token_id = -1;
+  // Loss decay γ; 0: the DFlash default for the block size (7 for 16, 5 for 10, 4 for 8).
+  double loss_decay_gamma = 0;
+  int max_anchors = 512;
+};
+
+struct DataConfig {
+  // "shards" (offline safetensors shards) or "target" (hidden states computed online).
+  std::string source = "shards";
+  std::string shards_dir;
+  // Chat data (JSONL) for the online source.
+  std::string jsonl;
+  int max_seq_len = 3072;
+  // Number of samples the source keeps ready ahead of the scheduler.
+  int prefetch_steps = 2;
+};
+
+struct TrainConfig {
+  uint64_t seed = 0;
+  double learning_rate = 6e-4;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.95;
+  double adam_eps = 1e-8;
+  double weight_decay = 0.0;
+  double grad_clip_norm = 1.0;
+  double warmup_ratio = 0.04;
+  int epochs = 6;
+  // 0: derived from epochs and the data set size.
+  int64_t max_steps = 0;
+  // Samples per global step, split across workers by tokens.
+  int global_batch_size = 32;
+  int intra_op_threads = 1;
+};
+
+struct ClusterConfig {
+  std::string listen = "127.0.0.1:0";
+  int min_workers = 1;
+  int max_workers = 1;
+  std::string backend = "gloo";  // "gloo" | "nccl"
+  // Network interface for collective traffic (Gloo/NCCL are unauthenticated: keep it private).
+  std::string collective_interface;
+  double heartbeat_interval_seconds = 2.0;
+  double heartbeat_timeout_seconds = 20.0;
+  double collective_timeout_seconds = 300.0;
+  double join_timeout_seconds = 600.0;
+};
+
+struct CheckpointConfig {
+  std::string dir;  // empty: <output_dir>/checkpoints
+  int every_steps = 500;
+  int keep_last = 3;
+};
+
+struct MetricsConfig {
+  bool enabled = true;
+  std::string listen = "127.0.0.1:0";
+};
+
+struct SecurityConfig {
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;  // set: clients must present a certificate signed by it (mutual TLS)
+  std::string token_file;
+};
+
+struct JobConfig {
+  std::string name = "flashdraft";
+  std::string output_dir = "runs/flashdraft";
+  TargetConfig target;
+  DrafterConfig drafter;
+  DataConfig data;
+  TrainConfig train;
+  ClusterConfig cluster;
+  CheckpointConfig checkpoint;
+  MetricsConfig metrics;
+  SecurityConfig security;
+};
+
+// Parses and validates YAML text; `source` names it in errors (a path, or "<flags>").
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::string& source);
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
+
+// Applies one override "section.field=value" (command-line flags), validated like the file.
+absl::Status ApplyOverride(JobConfig& config, const std::string& assignment);
+
+// Checks cross-field rules (also run by the loaders).
+absl::Status ValidateJobConfig(const JobConfig& config, const std::string& source);
+
+// Canonical YAML of the whole config, with every field (what a coordinator sends to workers).
+std::string JobConfigToYaml(const JobConfig& config);
+
+// The DFlash loss decay for a block size, or nullopt where the paper gives none.
+std::optional<double> DefaultLossDecayGamma(int block_size);
+
+}  // namespace flashdraft

@@ -1,0 +1,134 @@
+#include "common/job_config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/file_util.h"
+#include "tests/support/test_util.h"
+
+namespace flashdraft {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr const char* kMinimal = R"(
+data:
+  shards_dir: /data/shards
+)";
+
+TEST(JobConfigTest, ExampleJobFileLoads) {
+  auto config = LoadJobConfig(FLASHDRAFT_SOURCE_DIR "/deploy/examples/job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->name, "qwen3-8b-dflash");
+  EXPECT_EQ(config->target.layer_ids, (std::vector<int>{1, 9, 17, 25, 33}));
+  EXPECT_EQ(config->drafter.block_size, 16);
+  EXPECT_EQ(config->cluster.backend, "nccl");
+  EXPECT_DOUBLE_EQ(config->train.learning_rate, 6e-4);
+}
+
+TEST(JobConfigTest, DefaultsFollowDFlash) {
+  auto config = ParseJobConfig(kMinimal, "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->drafter.num_hidden_layers, 5);
+  EXPECT_EQ(config->drafter.max_anchors, 512);
+  EXPECT_EQ(config->data.max_seq_len, 3072);
+  EXPECT_DOUBLE_EQ(config->train.grad_clip_norm, 1.0);
+  EXPECT_DOUBLE_EQ(config->train.warmup_ratio, 0.04);
+  EXPECT_EQ(DefaultLossDecayGamma(16), 7.0);
+  EXPECT_EQ(DefaultLossDecayGamma(10), 5.0);
+  EXPECT_EQ(DefaultLossDecayGamma(8), 4.0);
+  EXPECT_EQ(DefaultLossDecayGamma(12), std::nullopt);
+}
+
+TEST(JobConfigTest, YamlRoundTrip) {
+  auto config = LoadJobConfig(FLASHDRAFT_SOURCE_DIR "/deploy/examples/job.yaml");
+  ASSERT_TRUE(config.ok());
+  const std::string yaml = JobConfigToYaml(*config);
+  auto again = ParseJobConfig(yaml, "round-trip");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << yaml;
+  EXPECT_EQ(JobConfigToYaml(*again), yaml);
+  EXPECT_THAT(yaml, HasSubstr("learning_rate: 0.0006\n"));
+  EXPECT_EQ(again->train.adam_eps, config->train.adam_eps);
+  EXPECT_EQ(again->target.layer_ids, config->target.layer_ids);
+}
+
+TEST(JobConfigTest, BadInputNamesFileFieldAndValue) {
+  struct Case {
+    const char* label;
+    std::string yaml;
+    const char* error;
+  };
+  const std::string base = "data: {shards_dir: /d}\n";
+  const Case cases[] = {
+      {"not yaml", "train: [1, 2", "job.yaml: not valid YAML"},
+      {"not a mapping", "- 1\n- 2\n", "job.yaml: the job file must be a mapping"},
+      {"unknown section", base + "trian: {seed: 1}\n", "job.yaml: unknown field 'trian'"},
+      {"unknown field", base + "train: {lrr: 0.1}\n",
+       "job.yaml: unknown field 'train.lrr' (known: seed, learning_rate"},
+      {"section not a map", base + "train: 3\n", "section 'train' must be a mapping"},
+      {"wrong type", base + "train: {learning_rate: fast}\n",
+       "job.yaml: field 'train.learning_rate' must be a number, got 'fast'"},
+      {"int expected", base + "drafter: {block_size: 2.5}\n",
+       "field 'drafter.block_size' must be an integer, got '2.5'"},
+      {"negative seed", base + "train: {seed: -1}\n",
+       "field 'train.seed' must be a non-negative integer, got '-1'"},
+      {"out of range", base + "train: {learning_rate: -0.1}\n",
+       "field 'train.learning_rate' = -0.1 must be > 0"},
+      {"bad enum", base + "cluster: {backend: mpi}\n",
+       "field 'cluster.backend' = mpi must be one of: gloo, nccl"},
+      {"list expected", base + "target: {layer_ids: 3}\n",
+       "field 'target.layer_ids' must be a list of integers, got '3'"},
+      {"bool expected", base + "metrics: {enabled: maybe}\n",
+       "field 'metrics.enabled' must be true or false, got 'maybe'"},
+      {"workers inverted", base + "cluster: {min_workers: 4, max_workers: 2}\n",
+       "field 'cluster.max_workers' = 2 is below cluster.min_workers = 4"},
+      {"gamma needed", base + "drafter: {block_size: 12}\n",
+       "field 'drafter.loss_decay_gamma' is required for block_size 12"},
+      {"layer ids count", base + "target: {layer_ids: [1, 2]}\n",
+       "field 'target.layer_ids' has 2 entries but drafter.num_target_features = 5"},
+      {"layer ids order", base + "target: {layer_ids: [1, 9, 9, 25, 33]}\n",
+       "strictly increasing; entry 2 is 9"},
+      {"shards dir missing", "data: {source: shards}\n",
+       "field 'data.shards_dir' must be set when data.source is 'shards'"},
+      {"online needs target", "data: {source: target, jsonl: /c.jsonl}\n",
+       "field 'target.path' must be set when data.source is 'target'"},
+      {"tls half", base + "security: {tls_cert: /c.pem}\n",
+       "field 'security.tls_key' must be set together"},
+      {"heartbeat", base + "cluster: {heartbeat_interval_seconds: 5, heartbeat_timeout_seconds: 5}\n",
+       "field 'cluster.heartbeat_timeout_seconds' = 5 must exceed"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.label);
+    auto config = ParseJobConfig(c.yaml, "job.yaml");
+    ASSERT_FALSE(config.ok());
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(config.status().message(), HasSubstr(c.error));
+  }
+}
+
+TEST(JobConfigTest, MissingFileIsNamed) {
+  auto config = LoadJobConfig("/nonexistent/job.yaml");
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(config.status().message(), HasSubstr("/nonexistent/job.yaml: cannot open"));
+}
+
+TEST(JobConfigTest, OverridesAreValidated) {
+  auto config = ParseJobConfig(kMinimal, "job.yaml");
+  ASSERT_TRUE(config.ok());
+  ASSERT_TRUE(ApplyOverride(*config, "train.learning_rate=3e-4").ok());
+  EXPECT_DOUBLE_EQ(config->train.learning_rate, 3e-4);
+  ASSERT_TRUE(ApplyOverride(*config, "output_dir=/tmp/run").ok());
+  EXPECT_EQ(config->output_dir, "/tmp/run");
+  ASSERT_TRUE(ApplyOverride(*config, "target.layer_ids=[1,2,3,4,5]").ok());
+  EXPECT_EQ(config->target.layer_ids.size(), 5u);
+  EXPECT_THAT(ApplyOverride(*config, "train.nope=1").message(), HasSubstr("unknown field 'train.nope'"));
+  EXPECT_THAT(ApplyOverride(*config, "train.seed").message(),
+              HasSubstr("must look like section.field=value"));
+  EXPECT_THAT(ApplyOverride(*config, "cluster.min_workers=0").message(),
+              HasSubstr("field 'cluster.min_workers' = 0 must be in [1, 100000]"));
+  // A refused override leaves the config as it was.
+  EXPECT_EQ(config->cluster.min_workers, 1);
+}
+
+}  // namespace
+}  // namespace flashdraft

@@ -1,0 +1,213 @@
+#include "common/tensor_codec.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "common/status_macros.h"
+#include "flashdraft/v1/tensor.pb.h"
+
+namespace flashdraft {
+
+static_assert(static_cast<int>(DType::kF32) == v1::F32);
+static_assert(static_cast<int>(DType::kF16) == v1::F16);
+static_assert(static_cast<int>(DType::kBF16) == v1::BF16);
+static_assert(static_cast<int>(DType::kI64) == v1::I64);
+static_assert(static_cast<int>(DType::kI32) == v1::I32);
+static_assert(static_cast<int>(DType::kBool) == v1::BOOL);
+static_assert(static_cast<int>(DType::kU8) == v1::U8);
+
+namespace {
+
+absl::Status ChunkError(const std::string& name, uint32_t index, absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("tensor '", name, "' chunk ", index, ": ", what));
+}
+
+}  // namespace
+
+absl::Status EncodeTensor(const TensorSpec& spec, const void* data, size_t nbytes,
+                          size_t max_chunk_bytes, v1::TensorChunk& chunk,
+                          const std::function<absl::Status(v1::TensorChunk&)>& sink) {
+  if (max_chunk_bytes == 0) return absl::InvalidArgumentError("max_chunk_bytes must be > 0");
+  FD_ASSIGN_OR_RETURN(uint64_t expected, ByteSize(spec.dtype, spec.shape));
+  if (expected != nbytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", spec.name, "': shape ", ShapeString(spec.shape), " of ",
+                     DTypeName(spec.dtype), " needs ", expected, " bytes, got ", nbytes));
+  }
+  const uint64_t num_chunks = nbytes == 0 ? 1 : (nbytes + max_chunk_bytes - 1) / max_chunk_bytes;
+  if (num_chunks > UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name, "' needs too many chunks"));
+  }
+  chunk.set_name(spec.name);
+  chunk.set_dtype(static_cast<v1::DType>(spec.dtype));
+  chunk.mutable_shape()->Assign(spec.shape.begin(), spec.shape.end());
+  chunk.set_total_bytes(nbytes);
+  chunk.set_num_chunks(static_cast<uint32_t>(num_chunks));
+  const uint8_t* src = static_cast<const uint8_t*>(data);
+  for (uint64_t i = 0; i < num_chunks; ++i) {
+    const uint64_t offset = i * max_chunk_bytes;
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(max_chunk_bytes, nbytes - offset));
+    std::string* buf = chunk.mutable_data();
+    // resize() would zero-fill the whole buffer first; growing only when needed keeps it to a copy.
+    if (buf->size() != len) buf->resize(len);
+    chunk.set_crc32c(len == 0 ? 0 : Crc32cCopy(0, buf->data(), src + offset, len));
+    chunk.set_offset(offset);
+    chunk.set_chunk_index(static_cast<uint32_t>(i));
+    FD_RETURN_IF_ERROR(sink(chunk));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AppendTensorChunks(const TensorSpec& spec, const void* data, size_t nbytes,
+                                size_t max_chunk_bytes,
+                                std::function<v1::TensorChunk*()> add_chunk) {
+  v1::TensorChunk scratch;
+  return EncodeTensor(spec, data, nbytes, max_chunk_bytes, scratch,
+                      [&](v1::TensorChunk& chunk) {
+                        // The data moves into the new message; the header is copied.
+                        std::string data = std::move(*chunk.mutable_data());
+                        chunk.clear_data();
+                        v1::TensorChunk* out = add_chunk();
+                        *out = chunk;
+                        *out->mutable_data() = std::move(data);
+                        return absl::OkStatus();
+                      });
+}
+
+TensorAssembler::TensorAssembler(Allocate allocate, uint64_t max_total_bytes)
+    : allocate_(std::move(allocate)), max_total_bytes_(max_total_bytes) {}
+
+void TensorAssembler::Reset() {
+  started_ = false;
+  failed_ = absl::OkStatus();
+  spec_ = TensorSpec();
+  total_bytes_ = 0;
+  num_chunks_ = 0;
+  next_index_ = 0;
+  received_ = 0;
+  dest_ = nullptr;
+}
+
+absl::Status TensorAssembler::Start(const v1::TensorChunk& chunk) {
+  const std::string& name = chunk.name();
+  if (name.empty()) return ChunkError("", chunk.chunk_index(), "empty tensor name");
+  std::optional<DType> dtype = DTypeFromInt(chunk.dtype());
+  if (!dtype) {
+    return ChunkError(name, chunk.chunk_index(),
+                      absl::StrCat("unknown dtype value ", static_cast<int>(chunk.dtype())));
+  }
+  TensorSpec spec{name, *dtype, {chunk.shape().begin(), chunk.shape().end()}};
+  absl::StatusOr<uint64_t> expected = ByteSize(spec.dtype, spec.shape);
+  if (!expected.ok()) return ChunkError(name, chunk.chunk_index(), expected.status().message());
+  if (*expected != chunk.total_bytes()) {
+    return ChunkError(name, chunk.chunk_index(),
+                      absl::StrCat("shape ", ShapeString(spec.shape), " of ",
+                                   DTypeName(spec.dtype), " needs ", *expected,
+                                   " bytes but the header says ", chunk.total_bytes()));
+  }
+  if (*expected > max_total_bytes_) {
+    return ChunkError(name, chunk.chunk_index(),
+                      absl::StrCat("tensor of ", *expected, " bytes exceeds the limit of ",
+                                   max_total_bytes_));
+  }
+  if (chunk.chunk_index() != 0 || chunk.offset() != 0) {
+    return ChunkError(name, chunk.chunk_index(),
+                      absl::StrCat("first chunk has index ", chunk.chunk_index(), " and offset ",
+                                   chunk.offset(), ", expected 0 and 0 (missing chunks?)"));
+  }
+  if (chunk.num_chunks() == 0 || (*expected > 0 && chunk.num_chunks() > *expected)) {
+    return ChunkError(name, 0, absl::StrCat("implausible num_chunks ", chunk.num_chunks(),
+                                            " for ", *expected, " bytes"));
+  }
+  absl::StatusOr<void*> dest = allocate_(spec, *expected);
+  if (!dest.ok()) return dest.status();
+  if (*dest == nullptr && *expected > 0) {
+    return absl::InternalError(absl::StrCat("tensor '", name, "': allocator returned null"));
+  }
+  spec_ = std::move(spec);
+  total_bytes_ = *expected;
+  num_chunks_ = chunk.num_chunks();
+  dest_ = static_cast<uint8_t*>(*dest);
+  started_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status TensorAssembler::Add(const v1::TensorChunk& chunk) {
+  if (!failed_.ok()) return failed_;
+  auto fail = [&](absl::Status s) {
+    failed_ = s;
+    return s;
+  };
+  if (!started_) {
+    absl::Status s = Start(chunk);
+    if (!s.ok()) return fail(s);
+  } else {
+    const uint32_t index = chunk.chunk_index();
+    if (complete()) {
+      return fail(ChunkError(spec_.name, index, "arrived after the tensor was complete"));
+    }
+    if (chunk.name() != spec_.name || static_cast<int>(chunk.dtype()) != static_cast<int>(spec_.dtype) ||
+        !std::equal(chunk.shape().begin(), chunk.shape().end(), spec_.shape.begin(),
+                    spec_.shape.end()) ||
+        chunk.total_bytes() != total_bytes_ || chunk.num_chunks() != num_chunks_) {
+      return fail(ChunkError(spec_.name, index,
+                             absl::StrCat("header (name '", chunk.name(), "', dtype ",
+                                          static_cast<int>(chunk.dtype()), ", shape ",
+                                          ShapeString(std::vector<int64_t>(chunk.shape().begin(), chunk.shape().end())),
+                                          ") differs from the tensor's first chunk")));
+    }
+    if (index != next_index_ || chunk.offset() != received_) {
+      return fail(ChunkError(spec_.name, index,
+                             absl::StrCat("out of sequence: index ", index, " offset ",
+                                          chunk.offset(), ", expected index ", next_index_,
+                                          " offset ", received_)));
+    }
+  }
+  const std::string& data = chunk.data();
+  const uint32_t index = chunk.chunk_index();
+  if (data.size() > total_bytes_ - received_) {
+    return fail(ChunkError(spec_.name, index,
+                           absl::StrCat(data.size(), " data bytes at offset ", received_,
+                                        " overrun the tensor's ", total_bytes_, " bytes")));
+  }
+  const bool last = index + 1 == num_chunks_;
+  if (last != (received_ + data.size() == total_bytes_)) {
+    return fail(ChunkError(spec_.name, index,
+                           absl::StrCat(last ? "is the last chunk but the tensor has "
+                                             : "is not the last chunk but the tensor has ",
+                                        total_bytes_ - received_ - data.size(),
+                                        " bytes left after it")));
+  }
+  const uint32_t crc = data.empty() ? 0 : Crc32cCopy(0, dest_ + received_, data.data(), data.size());
+  if (crc != chunk.crc32c()) {
+    return fail(ChunkError(spec_.name, index,
+                           absl::StrCat("CRC-32C mismatch: computed ", absl::Hex(crc, absl::kZeroPad8),
+                                        ", header says ", absl::Hex(chunk.crc32c(), absl::kZeroPad8))));
+  }
+  received_ += data.size();
+  ++next_index_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<OwnedTensor>> DecodeTensors(
+    const std::vector<const v1::TensorChunk*>& chunks, uint64_t max_total_bytes) {
+  std::vector<OwnedTensor> out;
+  TensorAssembler assembler(
+      [&](const TensorSpec& spec, uint64_t nbytes) -> absl::StatusOr<void*> {
+        out.push_back({spec, std::vector<uint8_t>(nbytes)});
+        return static_cast<void*>(out.back().bytes.data());
+      },
+      max_total_bytes);
+  for (const v1::TensorChunk* chunk : chunks) {
+    FD_RETURN_IF_ERROR(assembler.Add(*chunk));
+    if (assembler.complete()) assembler.Reset();
+  }
+  if (assembler.started()) {
+    return absl::DataLossError(absl::StrCat("tensor '", assembler.spec().name,
+                                            "' is incomplete: the chunks ended early"));
+  }
+  return out;
+}
+
+}  // namespace flashdraft

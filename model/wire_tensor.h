@@ -1,0 +1,34 @@
+// torch::Tensor <-> the common/ codec and safetensors views. The only place where LibTorch meets the
+// torch-free tensor plumbing in common/.
+#pragma once
+
+#include <torch/types.h>
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "common/safetensors.h"
+#include "common/tensor_codec.h"
+
+namespace flashdraft {
+
+absl::StatusOr<DType> FromTorchDType(torch::ScalarType type);
+torch::ScalarType ToTorchDType(DType dtype);
+
+// The spec of a contiguous CPU tensor (error otherwise) for EncodeTensor.
+absl::StatusOr<TensorSpec> SpecOf(const std::string& name, const torch::Tensor& tensor);
+
+// Encodes a tensor (made contiguous on the CPU if needed) as chunks appended by `add_chunk`.
+absl::Status AppendTorchTensorChunks(const std::string& name, const torch::Tensor& tensor,
+                                     size_t max_chunk_bytes,
+                                     std::function<v1::TensorChunk*()> add_chunk);
+
+// An allocator for TensorAssembler that creates a CPU tensor of the announced spec and remembers it.
+struct TorchTensorSink {
+  torch::Tensor tensor;
+  TensorAssembler::Allocate allocator();
+};
+
+// Copies a safetensors view into a new CPU tensor of the same dtype and shape.
+torch::Tensor ToTorch(const TensorView& view);
+
+}  // namespace flashdraft

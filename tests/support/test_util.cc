@@ -1,0 +1,89 @@
+#include "tests/support/test_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace flashdraft::testing {
+
+TempDir::TempDir() {
+  const char* base = getenv("TMPDIR");
+  std::string pattern = absl::StrCat(base != nullptr ? base : "/tmp", "/flashdraft_test_XXXXXX");
+  std::vector<char> buf(pattern.begin(), pattern.end());
+  buf.push_back('\0');
+  if (mkdtemp(buf.data()) == nullptr) abort();
+  path_ = buf.data();
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+namespace {
+
+// Runs `command` through /bin/sh and collects its stdout.
+CommandResult Popen(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) result.output.append(buf.data(), n);
+  int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+}  // namespace
+
+CommandResult RunCommand(const std::string& command) { return Popen(command + " 2>&1"); }
+
+std::string ReferencePythonUnavailableReason() {
+  static const std::string reason = [] {
+    if (access(kReferencePython, X_OK) != 0) return std::string("/usr/bin/python3 not found");
+    CommandResult r = RunCommand(absl::StrCat(kReferencePython, " -c 'import torch'"));
+    if (r.exit_code != 0) return absl::StrCat("import torch failed: ", r.output);
+    return std::string();
+  }();
+  return reason;
+}
+
+absl::StatusOr<std::string> RunReferencePython(const std::string& script,
+                                               const std::vector<std::string>& args) {
+  TempDir dir;
+  const std::string err_path = dir.Join("stderr");
+  std::vector<std::string> quoted;
+  for (const std::string& a : args) quoted.push_back(ShellQuote(a));
+  const std::string command =
+      absl::StrCat(kReferencePython, " -c ", ShellQuote(script), " ", absl::StrJoin(quoted, " "),
+                   " 2>", ShellQuote(err_path));
+  CommandResult r = Popen(command);
+  if (r.exit_code != 0) {
+    CommandResult err = Popen(absl::StrCat("cat ", ShellQuote(err_path)));
+    return absl::InternalError(
+        absl::StrCat("reference python failed (exit ", r.exit_code, "): ", err.output));
+  }
+  return r.output;
+}
+
+}  // namespace flashdraft::testing

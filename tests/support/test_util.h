@@ -1,0 +1,51 @@
+// Helpers shared by the test executables: scratch directories and the Python reference interpreter.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace flashdraft::testing {
+
+// A fresh directory under $TMPDIR, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::string Join(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Debian's interpreter with python3-torch (not the pyenv python3 first on PATH).
+inline constexpr const char* kReferencePython = "/usr/bin/python3";
+
+// Empty when /usr/bin/python3 can import torch; otherwise why not (for GTEST_SKIP).
+std::string ReferencePythonUnavailableReason();
+
+// Runs `kReferencePython -c script args...`; returns stdout, or an error with stderr and exit code.
+absl::StatusOr<std::string> RunReferencePython(const std::string& script,
+                                               const std::vector<std::string>& args = {});
+
+// Runs a command through /bin/sh; returns its exit code and combined output.
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;
+};
+CommandResult RunCommand(const std::string& command);
+
+std::string ShellQuote(const std::string& s);
+
+}  // namespace flashdraft::testing
+
+#define FD_SKIP_WITHOUT_REFERENCE_PYTHON()                                              \
+  do {                                                                                  \
+    std::string fd_why_ = ::flashdraft::testing::ReferencePythonUnavailableReason();    \
+    if (!fd_why_.empty()) GTEST_SKIP() << "needs /usr/bin/python3 with torch: " << fd_why_; \
+  } while (0)
