@@ -115,8 +115,7 @@ __attribute__((target("sse4.2"), always_inline)) inline void Step8(uint64_t& c, 
 
 // Runs three interleaved streams over blocks of 3*len bytes while they last.
 template <bool kCopy>
-__attribute__((target("sse4.2"), always_inline)) inline void Blocks(uint64_t& c0,
-                                                                    const uint8_t*& p,
+__attribute__((target("sse4.2"), always_inline)) inline void Blocks(uint64_t& c0, const uint8_t*& p,
                                                                     uint8_t*& dst, size_t& n,
                                                                     size_t len,
                                                                     const ShiftTable& shift) {
@@ -138,8 +137,8 @@ __attribute__((target("sse4.2"), always_inline)) inline void Blocks(uint64_t& c0
 // kCopy: also store every word read to `dst`, so copy and checksum share one pass over memory.
 // dst is null (and never offset) when not copying.
 template <bool kCopy>
-__attribute__((target("sse4.2"))) uint32_t RawHardware(uint32_t crc, uint8_t* dst,
-                                                       const uint8_t* p, size_t n) {
+__attribute__((target("sse4.2"))) uint32_t RawHardware(uint32_t crc, uint8_t* dst, const uint8_t* p,
+                                                       size_t n) {
   uint64_t c0 = crc;
   while (n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0) {
     if constexpr (kCopy) *dst++ = *p;

@@ -44,8 +44,20 @@ TEST(Crc32cTest, KnownVectors) {
 
 TEST(Crc32cTest, AcceleratedMatchesPortableAcrossLengthsAndAlignments) {
   const std::vector<uint8_t> data = RandomBytes(3 * 8192 * 2 + 3 * 256 * 3 + 77, 1);
-  const size_t lengths[] = {0, 1, 7, 8, 9, 255, 256, 767, 768, 769, 3 * 8192 - 1, 3 * 8192,
-                            3 * 8192 + 1, 2 * 3 * 8192 + 3 * 256 + 13};
+  const size_t lengths[] = {0,
+                            1,
+                            7,
+                            8,
+                            9,
+                            255,
+                            256,
+                            767,
+                            768,
+                            769,
+                            3 * 8192 - 1,
+                            3 * 8192,
+                            3 * 8192 + 1,
+                            2 * 3 * 8192 + 3 * 256 + 13};
   for (size_t offset = 0; offset < 8; ++offset) {
     for (size_t len : lengths) {
       if (offset + len > data.size()) continue;

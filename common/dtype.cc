@@ -14,8 +14,8 @@ struct DTypeInfo {
 };
 
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kF32, "F32", 4},  {DType::kF16, "F16", 2},   {DType::kBF16, "BF16", 2},
-    {DType::kI64, "I64", 8},  {DType::kI32, "I32", 4},   {DType::kBool, "BOOL", 1},
+    {DType::kF32, "F32", 4}, {DType::kF16, "F16", 2}, {DType::kBF16, "BF16", 2},
+    {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4}, {DType::kBool, "BOOL", 1},
     {DType::kU8, "U8", 1},
 };
 

@@ -11,8 +11,8 @@ TEST(DTypeTest, NamesAndSizesRoundTrip) {
     const char* name;
     size_t size;
   };
-  const Case cases[] = {{DType::kF32, "F32", 4},  {DType::kF16, "F16", 2}, {DType::kBF16, "BF16", 2},
-                        {DType::kI64, "I64", 8},  {DType::kI32, "I32", 4}, {DType::kBool, "BOOL", 1},
+  const Case cases[] = {{DType::kF32, "F32", 4}, {DType::kF16, "F16", 2}, {DType::kBF16, "BF16", 2},
+                        {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4}, {DType::kBool, "BOOL", 1},
                         {DType::kU8, "U8", 1}};
   for (const Case& c : cases) {
     EXPECT_EQ(DTypeName(c.dtype), c.name);

@@ -2,10 +2,10 @@
 #pragma once
 
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace flashdraft {
 

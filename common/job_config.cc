@@ -138,9 +138,8 @@ Field MakeField(std::string section, std::string key, std::function<T&(JobConfig
     shown << YAML::Flow << node;
     T value{};
     if (!Decode(node, value)) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": field '", path, "' must be ",
-                                                     TypeName(&value), ", got '",
-                                                     shown.c_str(), "'"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": field '", path, "' must be ", TypeName(&value), ", got '", shown.c_str(), "'"));
     }
     if (check) {
       if (std::optional<std::string> why = check(value)) {
@@ -151,17 +150,16 @@ Field MakeField(std::string section, std::string key, std::function<T&(JobConfig
     ref(c) = std::move(value);
     return absl::OkStatus();
   };
-  f.emit = [ref](const JobConfig& c, YAML::Emitter& e) {
-    Emit(e, ref(const_cast<JobConfig&>(c)));
-  };
+  f.emit = [ref](const JobConfig& c, YAML::Emitter& e) { Emit(e, ref(const_cast<JobConfig&>(c))); };
   return f;
 }
 
-#define FD_FIELD(section, key, type, ...)                                               \
-  MakeField<type>(#section, #key, [](JobConfig& c) -> type& { return c.section.key; }, \
-                  ##__VA_ARGS__)
+#define FD_FIELD(section, key, type, ...) \
+  MakeField<type>(                        \
+      #section, #key, [](JobConfig& c) -> type& { return c.section.key; }, ##__VA_ARGS__)
 #define FD_TOP_FIELD(key, type, ...) \
-  MakeField<type>("", #key, [](JobConfig& c) -> type& { return c.key; }, ##__VA_ARGS__)
+  MakeField<type>(                   \
+      "", #key, [](JobConfig& c) -> type& { return c.key; }, ##__VA_ARGS__)
 
 const std::vector<Field>& Fields() {
   static const std::vector<Field> fields = {
@@ -277,8 +275,8 @@ absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
   if (c.output_dir.empty()) return Invalid(source, "output_dir", "must not be empty");
   if (c.cluster.max_workers < c.cluster.min_workers) {
     return Invalid(source, "cluster.max_workers",
-                   absl::StrCat("= ", c.cluster.max_workers, " is below cluster.min_workers = ",
-                                c.cluster.min_workers));
+                   absl::StrCat("= ", c.cluster.max_workers,
+                                " is below cluster.min_workers = ", c.cluster.min_workers));
   }
   if (c.cluster.heartbeat_timeout_seconds <= c.cluster.heartbeat_interval_seconds) {
     return Invalid(source, "cluster.heartbeat_timeout_seconds",
@@ -299,7 +297,8 @@ absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
                                   c.drafter.num_target_features));
     }
     for (size_t i = 0; i < c.target.layer_ids.size(); ++i) {
-      if (c.target.layer_ids[i] < 0 || (i > 0 && c.target.layer_ids[i] <= c.target.layer_ids[i - 1])) {
+      if (c.target.layer_ids[i] < 0 ||
+          (i > 0 && c.target.layer_ids[i] <= c.target.layer_ids[i - 1])) {
         return Invalid(source, "target.layer_ids",
                        absl::StrCat("must be non-negative and strictly increasing; entry ", i,
                                     " is ", c.target.layer_ids[i]));
@@ -364,9 +363,9 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std
     }
     const Field* f = FindField("", key);
     if (f == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": unknown field '", key, "' (known: ", KeysOf(""), ", ",
-                       absl::StrJoin(SectionNames(), ", "), ")"));
+      return absl::InvalidArgumentError(absl::StrCat(source, ": unknown field '", key,
+                                                     "' (known: ", KeysOf(""), ", ",
+                                                     absl::StrJoin(SectionNames(), ", "), ")"));
     }
     FD_RETURN_IF_ERROR(f->set(config, value, source));
   }
@@ -392,8 +391,8 @@ absl::Status ApplyOverride(JobConfig& config, const std::string& assignment) {
   if (parts.size() == 1) f = FindField("", parts[0]);
   if (parts.size() == 2) f = FindField(parts[0], parts[1]);
   if (f == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("override '", assignment, "': unknown field '",
-                                                   path, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("override '", assignment, "': unknown field '", path, "'"));
   }
   YAML::Node node;
   try {

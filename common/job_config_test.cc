@@ -94,7 +94,8 @@ TEST(JobConfigTest, BadInputNamesFileFieldAndValue) {
        "field 'target.path' must be set when data.source is 'target'"},
       {"tls half", base + "security: {tls_cert: /c.pem}\n",
        "field 'security.tls_key' must be set together"},
-      {"heartbeat", base + "cluster: {heartbeat_interval_seconds: 5, heartbeat_timeout_seconds: 5}\n",
+      {"heartbeat",
+       base + "cluster: {heartbeat_interval_seconds: 5, heartbeat_timeout_seconds: 5}\n",
        "field 'cluster.heartbeat_timeout_seconds' = 5 must exceed"},
   };
   for (const Case& c : cases) {
@@ -121,7 +122,8 @@ TEST(JobConfigTest, OverridesAreValidated) {
   EXPECT_EQ(config->output_dir, "/tmp/run");
   ASSERT_TRUE(ApplyOverride(*config, "target.layer_ids=[1,2,3,4,5]").ok());
   EXPECT_EQ(config->target.layer_ids.size(), 5u);
-  EXPECT_THAT(ApplyOverride(*config, "train.nope=1").message(), HasSubstr("unknown field 'train.nope'"));
+  EXPECT_THAT(ApplyOverride(*config, "train.nope=1").message(),
+              HasSubstr("unknown field 'train.nope'"));
   EXPECT_THAT(ApplyOverride(*config, "train.seed").message(),
               HasSubstr("must look like section.field=value"));
   EXPECT_THAT(ApplyOverride(*config, "cluster.min_workers=0").message(),

@@ -35,14 +35,14 @@ absl::StatusOr<TensorView> CheckView(const std::string& path, absl::string_view 
                                      const TensorView& view, DType dtype,
                                      const std::vector<int64_t>& shape) {
   if (view.dtype != dtype) {
-    return TensorError(path, name,
-                       absl::StrCat("dtype is ", DTypeName(view.dtype), ", expected ",
-                                    DTypeName(dtype)));
+    return TensorError(
+        path, name,
+        absl::StrCat("dtype is ", DTypeName(view.dtype), ", expected ", DTypeName(dtype)));
   }
   if (!shape.empty() && view.shape != shape) {
-    return TensorError(path, name,
-                       absl::StrCat("shape is ", ShapeString(view.shape), ", expected ",
-                                    ShapeString(shape)));
+    return TensorError(
+        path, name,
+        absl::StrCat("shape is ", ShapeString(view.shape), ", expected ", ShapeString(shape)));
   }
   return view;
 }
@@ -69,8 +69,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   const size_t size = static_cast<size_t>(st.st_size);
   if (size < 8) {
     ::close(fd);
-    return FileError(path, absl::StrCat("file is ", size,
-                                        " bytes, too short for the 8-byte header length"));
+    return FileError(
+        path, absl::StrCat("file is ", size, " bytes, too short for the 8-byte header length"));
   }
   void* mapping = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   int err = errno;
@@ -85,7 +85,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(std::string label,
-                                                                          std::string bytes) {
+                                                                            std::string bytes) {
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = std::move(label);
   file->owned_ = std::move(bytes);
@@ -136,8 +136,8 @@ absl::Status SafetensorsFile::Parse(const uint8_t* bytes, size_t size) {
       if (!entry.is_object()) return FileError(path_, "__metadata__ is not an object");
       for (auto m = entry.begin(); m != entry.end(); ++m) {
         if (!m.value().is_string()) {
-          return FileError(path_, absl::StrCat("__metadata__ value of '", m.key(),
-                                               "' is not a string"));
+          return FileError(path_,
+                           absl::StrCat("__metadata__ value of '", m.key(), "' is not a string"));
         }
         metadata_[m.key()] = m.value().get<std::string>();
       }
@@ -180,10 +180,10 @@ absl::Status SafetensorsFile::Parse(const uint8_t* bytes, size_t size) {
     absl::StatusOr<uint64_t> nbytes = ByteSize(*dtype, shape);
     if (!nbytes.ok()) return TensorError(path_, name, nbytes.status().message());
     if (*nbytes != end - begin) {
-      return TensorError(path_, name,
-                         absl::StrCat("shape ", ShapeString(shape), " of ", dtype_name, " needs ",
-                                      *nbytes, " bytes but data_offsets [", begin, ", ", end,
-                                      "] hold ", end - begin));
+      return TensorError(
+          path_, name,
+          absl::StrCat("shape ", ShapeString(shape), " of ", dtype_name, " needs ", *nbytes,
+                       " bytes but data_offsets [", begin, ", ", end, "] hold ", end - begin));
     }
     if (end > data_size) {
       return TensorError(path_, name,
@@ -208,22 +208,21 @@ absl::Status SafetensorsFile::Parse(const uint8_t* bytes, size_t size) {
   for (const Span& s : spans) {
     if (s.begin < cursor) {
       return TensorError(path_, s.name,
-                         absl::StrCat("data_offsets [", s.begin, ", ", s.end,
-                                      "] overlap tensor '", *previous, "' (ends at ", cursor,
-                                      ")"));
+                         absl::StrCat("data_offsets [", s.begin, ", ", s.end, "] overlap tensor '",
+                                      *previous, "' (ends at ", cursor, ")"));
     }
     if (s.begin > cursor) {
-      return TensorError(path_, s.name,
-                         absl::StrCat("gap of ", s.begin - cursor, " bytes before its data at ",
-                                      s.begin));
+      return TensorError(
+          path_, s.name,
+          absl::StrCat("gap of ", s.begin - cursor, " bytes before its data at ", s.begin));
     }
     cursor = s.end;
     previous = &s.name;
     names_.push_back(s.name);
   }
   if (cursor != data_size) {
-    return FileError(path_, absl::StrCat(data_size - cursor,
-                                         " unexpected bytes after the last tensor's data"));
+    return FileError(
+        path_, absl::StrCat(data_size - cursor, " unexpected bytes after the last tensor's data"));
   }
   return absl::OkStatus();
 }
@@ -258,9 +257,9 @@ absl::Status SafetensorsWriter::Add(std::string name, DType dtype, std::vector<i
   }
   FD_ASSIGN_OR_RETURN(uint64_t expected, ByteSize(dtype, shape));
   if (expected != nbytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", name, "': shape ", ShapeString(shape), " of ", DTypeName(dtype),
-                     " needs ", expected, " bytes, got ", nbytes));
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': shape ",
+                                                   ShapeString(shape), " of ", DTypeName(dtype),
+                                                   " needs ", expected, " bytes, got ", nbytes));
   }
   entries_.push_back({std::move(name), dtype, std::move(shape), data, nbytes});
   return absl::OkStatus();

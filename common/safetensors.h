@@ -1,7 +1,7 @@
 // Hugging Face safetensors files: an 8-byte little-endian header length N, N bytes of JSON
 // {"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}, then raw data.
-// Reading maps the file and hands out views into it; every malformed file is an error that names the
-// file and, where one is involved, the tensor.
+// Reading maps the file and hands out views into it; every malformed file is an error that names
+// the file and, where one is involved, the tensor.
 #pragma once
 
 #include <cstddef>
@@ -9,11 +9,11 @@
 #include <map>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/dtype.h"
 
 namespace flashdraft {
@@ -38,7 +38,7 @@ class SafetensorsFile {
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
   // Validates a file image held in memory; `label` names it in errors.
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBytes(std::string label,
-                                                                   std::string bytes);
+                                                                    std::string bytes);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -92,7 +92,8 @@ class SafetensorsWriter {
 };
 
 // A model folder as Hugging Face stores it: `model.safetensors`, or shards listed by
-// `model.safetensors.index.json` ({"weight_map": {tensor: shard file}}). Also accepts a single file.
+// `model.safetensors.index.json` ({"weight_map": {tensor: shard file}}). Also accepts a single
+// file.
 class SafetensorsModel {
  public:
   static absl::StatusOr<std::unique_ptr<SafetensorsModel>> Open(const std::string& path);

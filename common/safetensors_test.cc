@@ -120,7 +120,8 @@ TEST(SafetensorsTest, GetCheckedNamesTensorAndMismatch) {
               HasSubstr("tensor 'fc.weight': shape is [2, 3], expected [3, 2]"));
   auto missing = (*file)->Get("norm.weight");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(missing.status().message(), HasSubstr("w.safetensors: no tensor named 'norm.weight'"));
+  EXPECT_THAT(missing.status().message(),
+              HasSubstr("w.safetensors: no tensor named 'norm.weight'"));
 }
 
 TEST(SafetensorsTest, WriterRefusesInconsistentInput) {
@@ -181,10 +182,10 @@ std::vector<MalformedCase> MalformedCases() {
       {"trailing bytes",
        FileImage(header(R"("a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]})"), f32x2),
        "4 unexpected bytes after the last tensor's data"},
-      {"metadata value not string",
-       FileImage(header(R"("__metadata__": {"format": 1})"), ""),
+      {"metadata value not string", FileImage(header(R"("__metadata__": {"format": 1})"), ""),
        "__metadata__ value of 'format' is not a string"},
-      {"entry not object", FileImage(header(R"("w": 3)"), ""), "tensor 'w': entry is not an object"},
+      {"entry not object", FileImage(header(R"("w": 3)"), ""),
+       "tensor 'w': entry is not an object"},
   };
 }
 
@@ -235,7 +236,8 @@ TEST(SafetensorsTest, ShardedModelFolder) {
   EXPECT_EQ(ValueAt(*head, 1), 6.0);
 
   // An index that places a tensor in a shard without it.
-  const std::string bad_index = R"({"weight_map": {"norm.weight": "model-00001-of-00002.safetensors"}})";
+  const std::string bad_index =
+      R"({"weight_map": {"norm.weight": "model-00001-of-00002.safetensors"}})";
   ASSERT_TRUE(WriteFileAtomically(dir.Join("model.safetensors.index.json"), bad_index).ok());
   EXPECT_THAT(SafetensorsModel::Open(dir.path()).status().message(),
               HasSubstr("places tensor 'norm.weight' in model-00001-of-00002.safetensors, which "
@@ -254,8 +256,9 @@ TEST(SafetensorsTest, ShardedModelFolder) {
               HasSubstr("contains neither model.safetensors nor model.safetensors.index.json"));
 }
 
-// A Python writer built only from the format description (no safetensors package here): the files it
-// writes must read back with the same values in C++, and the files C++ writes must read in Python.
+// A Python writer built only from the format description (no safetensors package here): the files
+// it writes must read back with the same values in C++, and the files C++ writes must read in
+// Python.
 constexpr const char* kPythonWriter = R"PY(
 import json, struct, sys, torch
 path = sys.argv[1]

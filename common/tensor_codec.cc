@@ -37,7 +37,8 @@ absl::Status EncodeTensor(const TensorSpec& spec, const void* data, size_t nbyte
   }
   const uint64_t num_chunks = nbytes == 0 ? 1 : (nbytes + max_chunk_bytes - 1) / max_chunk_bytes;
   if (num_chunks > UINT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name, "' needs too many chunks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", spec.name, "' needs too many chunks"));
   }
   chunk.set_name(spec.name);
   chunk.set_dtype(static_cast<v1::DType>(spec.dtype));
@@ -63,16 +64,15 @@ absl::Status AppendTensorChunks(const TensorSpec& spec, const void* data, size_t
                                 size_t max_chunk_bytes,
                                 std::function<v1::TensorChunk*()> add_chunk) {
   v1::TensorChunk scratch;
-  return EncodeTensor(spec, data, nbytes, max_chunk_bytes, scratch,
-                      [&](v1::TensorChunk& chunk) {
-                        // The data moves into the new message; the header is copied.
-                        std::string data = std::move(*chunk.mutable_data());
-                        chunk.clear_data();
-                        v1::TensorChunk* out = add_chunk();
-                        *out = chunk;
-                        *out->mutable_data() = std::move(data);
-                        return absl::OkStatus();
-                      });
+  return EncodeTensor(spec, data, nbytes, max_chunk_bytes, scratch, [&](v1::TensorChunk& chunk) {
+    // The data moves into the new message; the header is copied.
+    std::string data = std::move(*chunk.mutable_data());
+    chunk.clear_data();
+    v1::TensorChunk* out = add_chunk();
+    *out = chunk;
+    *out->mutable_data() = std::move(data);
+    return absl::OkStatus();
+  });
 }
 
 TensorAssembler::TensorAssembler(Allocate allocate, uint64_t max_total_bytes)
@@ -101,15 +101,15 @@ absl::Status TensorAssembler::Start(const v1::TensorChunk& chunk) {
   absl::StatusOr<uint64_t> expected = ByteSize(spec.dtype, spec.shape);
   if (!expected.ok()) return ChunkError(name, chunk.chunk_index(), expected.status().message());
   if (*expected != chunk.total_bytes()) {
-    return ChunkError(name, chunk.chunk_index(),
-                      absl::StrCat("shape ", ShapeString(spec.shape), " of ",
-                                   DTypeName(spec.dtype), " needs ", *expected,
-                                   " bytes but the header says ", chunk.total_bytes()));
+    return ChunkError(
+        name, chunk.chunk_index(),
+        absl::StrCat("shape ", ShapeString(spec.shape), " of ", DTypeName(spec.dtype), " needs ",
+                     *expected, " bytes but the header says ", chunk.total_bytes()));
   }
   if (*expected > max_total_bytes_) {
-    return ChunkError(name, chunk.chunk_index(),
-                      absl::StrCat("tensor of ", *expected, " bytes exceeds the limit of ",
-                                   max_total_bytes_));
+    return ChunkError(
+        name, chunk.chunk_index(),
+        absl::StrCat("tensor of ", *expected, " bytes exceeds the limit of ", max_total_bytes_));
   }
   if (chunk.chunk_index() != 0 || chunk.offset() != 0) {
     return ChunkError(name, chunk.chunk_index(),
@@ -117,8 +117,9 @@ absl::Status TensorAssembler::Start(const v1::TensorChunk& chunk) {
                                    chunk.offset(), ", expected 0 and 0 (missing chunks?)"));
   }
   if (chunk.num_chunks() == 0 || (*expected > 0 && chunk.num_chunks() > *expected)) {
-    return ChunkError(name, 0, absl::StrCat("implausible num_chunks ", chunk.num_chunks(),
-                                            " for ", *expected, " bytes"));
+    return ChunkError(
+        name, 0,
+        absl::StrCat("implausible num_chunks ", chunk.num_chunks(), " for ", *expected, " bytes"));
   }
   absl::StatusOr<void*> dest = allocate_(spec, *expected);
   if (!dest.ok()) return dest.status();
@@ -147,21 +148,23 @@ absl::Status TensorAssembler::Add(const v1::TensorChunk& chunk) {
     if (complete()) {
       return fail(ChunkError(spec_.name, index, "arrived after the tensor was complete"));
     }
-    if (chunk.name() != spec_.name || static_cast<int>(chunk.dtype()) != static_cast<int>(spec_.dtype) ||
+    if (chunk.name() != spec_.name ||
+        static_cast<int>(chunk.dtype()) != static_cast<int>(spec_.dtype) ||
         !std::equal(chunk.shape().begin(), chunk.shape().end(), spec_.shape.begin(),
                     spec_.shape.end()) ||
         chunk.total_bytes() != total_bytes_ || chunk.num_chunks() != num_chunks_) {
       return fail(ChunkError(spec_.name, index,
                              absl::StrCat("header (name '", chunk.name(), "', dtype ",
                                           static_cast<int>(chunk.dtype()), ", shape ",
-                                          ShapeString(std::vector<int64_t>(chunk.shape().begin(), chunk.shape().end())),
+                                          ShapeString(std::vector<int64_t>(chunk.shape().begin(),
+                                                                           chunk.shape().end())),
                                           ") differs from the tensor's first chunk")));
     }
     if (index != next_index_ || chunk.offset() != received_) {
-      return fail(ChunkError(spec_.name, index,
-                             absl::StrCat("out of sequence: index ", index, " offset ",
-                                          chunk.offset(), ", expected index ", next_index_,
-                                          " offset ", received_)));
+      return fail(
+          ChunkError(spec_.name, index,
+                     absl::StrCat("out of sequence: index ", index, " offset ", chunk.offset(),
+                                  ", expected index ", next_index_, " offset ", received_)));
     }
   }
   const std::string& data = chunk.data();
@@ -173,17 +176,19 @@ absl::Status TensorAssembler::Add(const v1::TensorChunk& chunk) {
   }
   const bool last = index + 1 == num_chunks_;
   if (last != (received_ + data.size() == total_bytes_)) {
-    return fail(ChunkError(spec_.name, index,
-                           absl::StrCat(last ? "is the last chunk but the tensor has "
-                                             : "is not the last chunk but the tensor has ",
-                                        total_bytes_ - received_ - data.size(),
-                                        " bytes left after it")));
+    return fail(
+        ChunkError(spec_.name, index,
+                   absl::StrCat(last ? "is the last chunk but the tensor has "
+                                     : "is not the last chunk but the tensor has ",
+                                total_bytes_ - received_ - data.size(), " bytes left after it")));
   }
-  const uint32_t crc = data.empty() ? 0 : Crc32cCopy(0, dest_ + received_, data.data(), data.size());
+  const uint32_t crc =
+      data.empty() ? 0 : Crc32cCopy(0, dest_ + received_, data.data(), data.size());
   if (crc != chunk.crc32c()) {
-    return fail(ChunkError(spec_.name, index,
-                           absl::StrCat("CRC-32C mismatch: computed ", absl::Hex(crc, absl::kZeroPad8),
-                                        ", header says ", absl::Hex(chunk.crc32c(), absl::kZeroPad8))));
+    return fail(
+        ChunkError(spec_.name, index,
+                   absl::StrCat("CRC-32C mismatch: computed ", absl::Hex(crc, absl::kZeroPad8),
+                                ", header says ", absl::Hex(chunk.crc32c(), absl::kZeroPad8))));
   }
   received_ += data.size();
   ++next_index_;
@@ -204,8 +209,8 @@ absl::StatusOr<std::vector<OwnedTensor>> DecodeTensors(
     if (assembler.complete()) assembler.Reset();
   }
   if (assembler.started()) {
-    return absl::DataLossError(absl::StrCat("tensor '", assembler.spec().name,
-                                            "' is incomplete: the chunks ended early"));
+    return absl::DataLossError(
+        absl::StrCat("tensor '", assembler.spec().name, "' is incomplete: the chunks ended early"));
   }
   return out;
 }

@@ -1,7 +1,7 @@
 // Tensor wire codec: any tensor as a sequence of flashdraft.v1.TensorChunk messages of at most
 // `max_chunk_bytes` data each, every chunk with its CRC-32C; the receiver validates each chunk and
-// copies it straight into memory it preallocated for the whole tensor. No LibTorch here: tensors are
-// (spec, pointer, size); model/wire_tensor.h adapts torch::Tensor.
+// copies it straight into memory it preallocated for the whole tensor. No LibTorch here: tensors
+// are (spec, pointer, size); model/wire_tensor.h adapts torch::Tensor.
 #pragma once
 
 #include <cstddef>
@@ -60,7 +60,9 @@ class TensorAssembler {
   absl::Status Add(const v1::TensorChunk& chunk);
 
   bool started() const { return started_; }
-  bool complete() const { return started_ && received_ == total_bytes_ && next_index_ == num_chunks_; }
+  bool complete() const {
+    return started_ && received_ == total_bytes_ && next_index_ == num_chunks_;
+  }
   const TensorSpec& spec() const { return spec_; }
   uint64_t total_bytes() const { return total_bytes_; }
 
@@ -90,7 +92,7 @@ struct OwnedTensor {
 
 // Decodes a sequence of chunks holding one or more whole tensors, in order.
 absl::StatusOr<std::vector<OwnedTensor>> DecodeTensors(
-    const std::vector<const v1::TensorChunk*>& chunks, uint64_t max_total_bytes = uint64_t{64}
-                                                                                  << 30);
+    const std::vector<const v1::TensorChunk*>& chunks,
+    uint64_t max_total_bytes = uint64_t{64} << 30);
 
 }  // namespace flashdraft

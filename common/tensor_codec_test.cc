@@ -136,7 +136,8 @@ TEST(TensorCodecTest, CorruptStreamsAreRefusedWithReasons) {
        "156 data bytes at offset 200 overrun the tensor's 256 bytes"},
       {"short last chunk", [](auto& c) { c[2].mutable_data()->resize(10); },
        "is the last chunk but the tensor has 46 bytes left after it"},
-      {"too large", [](auto& c) {
+      {"too large",
+       [](auto& c) {
          c[0].set_shape(0, int64_t{1} << 40);
          c[0].set_total_bytes(uint64_t{1} << 46);
        },
@@ -167,9 +168,11 @@ TEST(TensorCodecTest, AssemblerStaysFailedAndRefusesChunksAfterCompletion) {
   TensorAssembler assembler(
       [&](const TensorSpec&, uint64_t) -> absl::StatusOr<void*> { return dest.data(); });
   for (const auto& c : chunks) ASSERT_TRUE(assembler.Add(c).ok());
-  EXPECT_THAT(assembler.Add(chunks[0]).message(), HasSubstr("arrived after the tensor was complete"));
+  EXPECT_THAT(assembler.Add(chunks[0]).message(),
+              HasSubstr("arrived after the tensor was complete"));
   // Once failed, it keeps the first error.
-  EXPECT_THAT(assembler.Add(chunks[1]).message(), HasSubstr("arrived after the tensor was complete"));
+  EXPECT_THAT(assembler.Add(chunks[1]).message(),
+              HasSubstr("arrived after the tensor was complete"));
   assembler.Reset();
   for (const auto& c : chunks) ASSERT_TRUE(assembler.Add(c).ok());
   EXPECT_TRUE(assembler.complete());

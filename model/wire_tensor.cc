@@ -54,7 +54,9 @@ absl::StatusOr<TensorSpec> SpecOf(const std::string& name, const torch::Tensor& 
         absl::StrCat("tensor '", name, "' must be a contiguous CPU tensor"));
   }
   absl::StatusOr<DType> dtype = FromTorchDType(tensor.scalar_type());
-  if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ", dtype.status().message()));
+  if (!dtype.ok())
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "': ", dtype.status().message()));
   return TensorSpec{name, *dtype, tensor.sizes().vec()};
 }
 

@@ -1,5 +1,5 @@
-// torch::Tensor <-> the common/ codec and safetensors views. The only place where LibTorch meets the
-// torch-free tensor plumbing in common/.
+// torch::Tensor <-> the common/ codec and safetensors views. The only place where LibTorch meets
+// the torch-free tensor plumbing in common/.
 #pragma once
 
 #include <torch/types.h>
@@ -22,7 +22,8 @@ absl::Status AppendTorchTensorChunks(const std::string& name, const torch::Tenso
                                      size_t max_chunk_bytes,
                                      std::function<v1::TensorChunk*()> add_chunk);
 
-// An allocator for TensorAssembler that creates a CPU tensor of the announced spec and remembers it.
+// An allocator for TensorAssembler that creates a CPU tensor of the announced spec and remembers
+// it.
 struct TorchTensorSink {
   torch::Tensor tensor;
   TensorAssembler::Allocate allocator();

@@ -12,8 +12,10 @@ namespace {
 TEST(WireTensorTest, TorchTensorsRoundTripThroughChunks) {
   torch::manual_seed(0);
   const std::vector<torch::Tensor> tensors = {
-      torch::randn({3, 17, 40}).to(torch::kBFloat16), torch::randn({5}),
-      torch::randint(0, 151936, {2, 9}, torch::kInt64), torch::randn({4, 4}).gt(0),
+      torch::randn({3, 17, 40}).to(torch::kBFloat16),
+      torch::randn({5}),
+      torch::randint(0, 151936, {2, 9}, torch::kInt64),
+      torch::randn({4, 4}).gt(0),
       torch::randn({6, 8}).t(),  // non-contiguous: encoded as its contiguous copy
   };
   for (size_t i = 0; i < tensors.size(); ++i) {

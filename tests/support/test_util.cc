@@ -74,9 +74,8 @@ absl::StatusOr<std::string> RunReferencePython(const std::string& script,
   const std::string err_path = dir.Join("stderr");
   std::vector<std::string> quoted;
   for (const std::string& a : args) quoted.push_back(ShellQuote(a));
-  const std::string command =
-      absl::StrCat(kReferencePython, " -c ", ShellQuote(script), " ", absl::StrJoin(quoted, " "),
-                   " 2>", ShellQuote(err_path));
+  const std::string command = absl::StrCat(kReferencePython, " -c ", ShellQuote(script), " ",
+                                           absl::StrJoin(quoted, " "), " 2>", ShellQuote(err_path));
   CommandResult r = Popen(command);
   if (r.exit_code != 0) {
     CommandResult err = Popen(absl::StrCat("cat ", ShellQuote(err_path)));

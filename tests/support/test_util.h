@@ -44,8 +44,8 @@ std::string ShellQuote(const std::string& s);
 
 }  // namespace flashdraft::testing
 
-#define FD_SKIP_WITHOUT_REFERENCE_PYTHON()                                              \
-  do {                                                                                  \
-    std::string fd_why_ = ::flashdraft::testing::ReferencePythonUnavailableReason();    \
+#define FD_SKIP_WITHOUT_REFERENCE_PYTHON()                                                  \
+  do {                                                                                      \
+    std::string fd_why_ = ::flashdraft::testing::ReferencePythonUnavailableReason();        \
     if (!fd_why_.empty()) GTEST_SKIP() << "needs /usr/bin/python3 with torch: " << fd_why_; \
   } while (0)
