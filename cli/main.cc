@@ -13,6 +13,7 @@
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/safetensors.h"
+#include "model/debug_step.h"
 
 namespace flashdraft {
 namespace {
@@ -71,11 +72,35 @@ int main(int argc, char** argv) {
   std::string inspect_path;
   inspect->add_option("path", inspect_path, "file.safetensors or model folder")->required();
 
+  CLI::App* debug = app.add_subcommand("debug", "Tools for chasing numerics bugs");
+  debug->require_subcommand(1);
+  CLI::App* step = debug->add_subcommand(
+      "drafter-step", "One drafter forward+backward on files: writes loss, slot accuracy, gradients");
+  flashdraft::DrafterStepFiles step_files;
+  double gamma = 0;
+  step->add_option("--config", step_files.config, "HF-style drafter config.json")->required();
+  step->add_option("--weights", step_files.weights,
+                   "drafter weights + embed_tokens.weight (+ lm_head.weight)")
+      ->required();
+  step->add_option("--batch", step_files.batch,
+                   "input_ids, loss_mask, hidden_states, anchors (safetensors)")
+      ->required();
+  step->add_option("--out", step_files.out, "output safetensors")->required();
+  CLI::Option* gamma_opt =
+      step->add_option("--gamma", gamma, "loss decay (default 7/5/4 for block size 16/10/8)");
+
   app.add_subcommand("version", "Print the version");
 
   CLI11_PARSE(app, argc, argv);
   if (check->parsed()) return flashdraft::ConfigCheck(job_path, overrides);
   if (inspect->parsed()) return flashdraft::Inspect(inspect_path);
+  if (step->parsed()) {
+    if (gamma_opt->count() > 0) step_files.gamma = gamma;
+    absl::Status s = flashdraft::RunDrafterDebugStep(step_files);
+    if (!s.ok()) return flashdraft::Fail(s);
+    std::printf("wrote %s\n", step_files.out.c_str());
+    return 0;
+  }
   if (app.got_subcommand("version")) {
     std::printf("flashdraft %s\n", FLASHDRAFT_VERSION);
     return 0;

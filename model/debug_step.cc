@@ -1,0 +1,53 @@
+#include "model/debug_step.h"
+
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_config.h"
+#include "common/safetensors.h"
+#include "common/status_macros.h"
+#include "model/drafter.h"
+
+namespace flashdraft {
+
+absl::Status RunDrafterDebugStep(const DrafterStepFiles& files) {
+  FD_ASSIGN_OR_RETURN(DrafterModelConfig config, LoadDrafterConfig(files.config));
+  double gamma = 0;
+  if (files.gamma) {
+    if (!(*files.gamma > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("--gamma must be > 0, got ", *files.gamma));
+    }
+    gamma = *files.gamma;
+  } else if (std::optional<double> g = DefaultLossDecayGamma(static_cast<int>(config.block_size))) {
+    gamma = *g;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gamma is required for block_size ", config.block_size, " (defaults exist for 8, 10 and 16)"));
+  }
+  FD_ASSIGN_OR_RETURN(auto weights, SafetensorsModel::Open(files.weights));
+  FD_ASSIGN_OR_RETURN(auto batch_file, SafetensorsFile::Open(files.batch));
+  FD_ASSIGN_OR_RETURN(DrafterBatch batch, LoadDrafterBatch(*batch_file, config));
+
+  Drafter drafter(config);
+  FD_RETURN_IF_ERROR(LoadDrafterWeights(*drafter, *weights));
+  DrafterLossResult result = drafter->Loss(batch, gamma);
+  result.loss.backward();
+
+  std::vector<torch::Tensor> keep_alive;
+  SafetensorsWriter writer;
+  auto add = [&](const std::string& name, torch::Tensor t) -> absl::Status {
+    t = t.to(torch::kFloat32).contiguous();
+    keep_alive.push_back(t);
+    return writer.Add(name, DType::kF32, t.sizes().vec(), t.data_ptr(), t.nbytes());
+  };
+  FD_RETURN_IF_ERROR(add("loss", result.loss.detach().reshape({})));
+  const std::vector<double> acc = result.SlotAccuracy();
+  FD_RETURN_IF_ERROR(add("slot_accuracy", torch::tensor(acc, torch::kFloat64)));
+  for (const auto& item : drafter->named_parameters()) {
+    const torch::Tensor& grad = item.value().grad();
+    FD_RETURN_IF_ERROR(add(item.key(), grad.defined() ? grad : torch::zeros_like(item.value())));
+  }
+  return writer.Write(files.out);
+}
+
+}  // namespace flashdraft

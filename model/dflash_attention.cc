@@ -1,0 +1,198 @@
+#include "model/dflash_attention.h"
+
+#include <cmath>
+
+namespace flashdraft {
+namespace {
+
+using torch::indexing::Slice;
+
+// Shapes and the scores of one chunk of blocks [j0, j0 + nc).
+struct Chunk {
+  int64_t j0, nc, kv_end;
+};
+
+struct Dims {
+  int64_t b, h, nb, d, s, n, block;
+  double scale;
+};
+
+Dims DimsOf(const torch::Tensor& q, const torch::Tensor& kc, int64_t block) {
+  Dims m;
+  m.b = q.size(0);
+  m.h = q.size(1);
+  m.nb = q.size(2);
+  m.d = q.size(3);
+  m.s = kc.size(2);
+  m.block = block;
+  m.n = m.nb / block;
+  m.scale = 1.0 / std::sqrt(static_cast<double>(m.d));
+  return m;
+}
+
+std::vector<Chunk> PlanChunks(const Dims& m, const torch::Tensor& anchors,
+                              int64_t chunk_score_bytes) {
+  const int64_t per_block = m.b * m.h * m.block * (m.s + m.block) * 4;
+  const int64_t blocks_per_chunk = std::max<int64_t>(1, chunk_score_bytes / std::max<int64_t>(1, per_block));
+  // Context keys past the chunk's largest anchor are masked for every query in it: skip them.
+  const torch::Tensor anchors_cpu = anchors.to(torch::kCPU).contiguous();
+  const int64_t* a = anchors_cpu.data_ptr<int64_t>();
+  std::vector<Chunk> chunks;
+  for (int64_t j0 = 0; j0 < m.n; j0 += blocks_per_chunk) {
+    const int64_t nc = std::min(blocks_per_chunk, m.n - j0);
+    int64_t kv_end = 0;
+    for (int64_t i = 0; i < m.b; ++i) {
+      for (int64_t j = j0; j < j0 + nc; ++j) kv_end = std::max(kv_end, a[i * m.n + j]);
+    }
+    chunks.push_back({j0, nc, std::min(kv_end, m.s)});
+  }
+  return chunks;
+}
+
+// Probabilities of one chunk: pc [b,h,Q,kv_end] over context keys, pb [b,h,nc,B,B] within blocks.
+// With `lse` given (backward) they are recomputed from it; otherwise lse_out receives it.
+std::pair<torch::Tensor, torch::Tensor> ChunkProbs(const Dims& m, const Chunk& c,
+                                                   const torch::Tensor& qs, const torch::Tensor& kc,
+                                                   const torch::Tensor& kbs,
+                                                   const torch::Tensor& anchors,
+                                                   const torch::Tensor& keep,
+                                                   const torch::Tensor* lse_in,
+                                                   torch::Tensor* lse_out) {
+  const int64_t rows = c.nc * m.block;
+  const torch::Tensor a_rows = anchors.narrow(1, c.j0, c.nc).repeat_interleave(m.block, 1);
+  const torch::Tensor keep_chunk = keep.narrow(1, c.j0, c.nc);
+  const torch::Tensor keep_rows = keep_chunk.repeat_interleave(m.block, 1);
+  const torch::Tensor kv = torch::arange(c.kv_end, anchors.options());
+  // Strict bound: the anchor token itself is the block's first slot, not context.
+  const torch::Tensor ctx_allowed =
+      (kv.view({1, 1, -1}) < a_rows.unsqueeze(-1)).logical_and(keep_rows.unsqueeze(-1));
+  torch::Tensor sc = torch::matmul(qs, kc.narrow(2, 0, c.kv_end).transpose(-1, -2)) * m.scale;
+  sc = sc.masked_fill(ctx_allowed.unsqueeze(1).logical_not(), -INFINITY);
+  const torch::Tensor qblk = qs.view({m.b, m.h, c.nc, m.block, m.d});
+  torch::Tensor sb = torch::matmul(qblk, kbs.transpose(-1, -2)) * m.scale;
+  sb = sb.masked_fill(keep_chunk.view({m.b, 1, c.nc, 1, 1}).logical_not(), -INFINITY);
+  const torch::Tensor all = torch::cat({sc, sb.view({m.b, m.h, rows, m.block})}, -1);
+  torch::Tensor lse;
+  if (lse_in != nullptr) {
+    lse = lse_in->narrow(2, c.j0 * m.block, rows);
+  } else {
+    lse = torch::logsumexp(all, -1);
+    // Rows with nothing to attend to: lse = -inf; use 0 so that exp(-inf - 0) = 0, not NaN.
+    lse = torch::where(torch::isinf(lse), torch::zeros_like(lse), lse);
+    *lse_out = lse;
+  }
+  const torch::Tensor p = torch::exp(all - lse.unsqueeze(-1));
+  return {p.narrow(-1, 0, c.kv_end), p.narrow(-1, c.kv_end, m.block).reshape({m.b, m.h, c.nc, m.block, m.block})};
+}
+
+class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
+                               const torch::Tensor& kc, const torch::Tensor& vc,
+                               const torch::Tensor& kb, const torch::Tensor& vb,
+                               const torch::Tensor& anchors, const torch::Tensor& keep,
+                               int64_t block, int64_t chunk_score_bytes) {
+    const Dims m = DimsOf(q, kc, block);
+    torch::Tensor out = torch::empty_like(q);
+    torch::Tensor lse = torch::empty({m.b, m.h, m.nb}, q.options());
+    for (const Chunk& c : PlanChunks(m, anchors, chunk_score_bytes)) {
+      const int64_t rows = c.nc * m.block;
+      const torch::Tensor qs = q.narrow(2, c.j0 * m.block, rows);
+      const torch::Tensor kbs = kb.narrow(2, c.j0 * m.block, rows).view({m.b, m.h, c.nc, m.block, m.d});
+      const torch::Tensor vbs = vb.narrow(2, c.j0 * m.block, rows).view({m.b, m.h, c.nc, m.block, m.d});
+      torch::Tensor lse_chunk;
+      auto [pc, pb] = ChunkProbs(m, c, qs, kc, kbs, anchors, keep, nullptr, &lse_chunk);
+      torch::Tensor o = torch::matmul(pc, vc.narrow(2, 0, c.kv_end)) +
+                        torch::matmul(pb, vbs).view({m.b, m.h, rows, m.d});
+      out.narrow(2, c.j0 * m.block, rows).copy_(o);
+      lse.narrow(2, c.j0 * m.block, rows).copy_(lse_chunk);
+    }
+    ctx->save_for_backward({q, kc, vc, kb, vb, anchors, keep, out, lse});
+    ctx->saved_data["block"] = block;
+    ctx->saved_data["chunk_score_bytes"] = chunk_score_bytes;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &q = saved[0], &kc = saved[1], &vc = saved[2], &kb = saved[3],
+                        &vb = saved[4], &anchors = saved[5], &keep = saved[6], &out = saved[7],
+                        &lse = saved[8];
+    const int64_t block = ctx->saved_data["block"].toInt();
+    const Dims m = DimsOf(q, kc, block);
+    const torch::Tensor d_out = grads[0].contiguous();
+    torch::Tensor dq = torch::zeros_like(q), dkc = torch::zeros_like(kc),
+                  dvc = torch::zeros_like(vc), dkb = torch::zeros_like(kb),
+                  dvb = torch::zeros_like(vb);
+    for (const Chunk& c :
+         PlanChunks(m, anchors, ctx->saved_data["chunk_score_bytes"].toInt())) {
+      const int64_t rows = c.nc * m.block;
+      const int64_t r0 = c.j0 * m.block;
+      const torch::Tensor qs = q.narrow(2, r0, rows);
+      const torch::Tensor qblk = qs.view({m.b, m.h, c.nc, m.block, m.d});
+      const torch::Tensor kbs = kb.narrow(2, r0, rows).view({m.b, m.h, c.nc, m.block, m.d});
+      const torch::Tensor vbs = vb.narrow(2, r0, rows).view({m.b, m.h, c.nc, m.block, m.d});
+      const torch::Tensor kcs = kc.narrow(2, 0, c.kv_end), vcs = vc.narrow(2, 0, c.kv_end);
+      auto [pc, pb] = ChunkProbs(m, c, qs, kc, kbs, anchors, keep, &lse, nullptr);
+      const torch::Tensor dos = d_out.narrow(2, r0, rows);
+      const torch::Tensor dob = dos.view({m.b, m.h, c.nc, m.block, m.d});
+      // softmax backward: dS = P ⊙ (dP − rowsum(dO ⊙ O))
+      const torch::Tensor delta = (dos * out.narrow(2, r0, rows)).sum(-1, /*keepdim=*/true);
+      const torch::Tensor dsc = pc * (torch::matmul(dos, vcs.transpose(-1, -2)) - delta);
+      const torch::Tensor dsb =
+          pb * (torch::matmul(dob, vbs.transpose(-1, -2)) - delta.view({m.b, m.h, c.nc, m.block, 1}));
+      dvc.narrow(2, 0, c.kv_end).add_(torch::matmul(pc.transpose(-1, -2), dos));
+      dvb.narrow(2, r0, rows).copy_(torch::matmul(pb.transpose(-1, -2), dob).view({m.b, m.h, rows, m.d}));
+      dq.narrow(2, r0, rows)
+          .copy_((torch::matmul(dsc, kcs) + torch::matmul(dsb, kbs).view({m.b, m.h, rows, m.d})) *
+                 m.scale);
+      dkc.narrow(2, 0, c.kv_end).add_(torch::matmul(dsc.transpose(-1, -2), qs) * m.scale);
+      dkb.narrow(2, r0, rows)
+          .copy_(torch::matmul(dsb.transpose(-1, -2), qblk).view({m.b, m.h, rows, m.d}) * m.scale);
+    }
+    return {dq, dkc, dvc, dkb, dvb, torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor DFlashBlockAttention(const torch::Tensor& q, const torch::Tensor& kc,
+                                   const torch::Tensor& vc, const torch::Tensor& kb,
+                                   const torch::Tensor& vb, const torch::Tensor& anchors,
+                                   const torch::Tensor& keep, const BlockAttentionOptions& options) {
+  TORCH_CHECK(q.dim() == 4 && q.size(2) % options.block_size == 0,
+              "DFlashBlockAttention: q must be [b, heads, N*B, d]");
+  TORCH_CHECK(anchors.scalar_type() == torch::kInt64 && keep.scalar_type() == torch::kBool,
+              "DFlashBlockAttention: anchors int64, keep bool");
+  return BlockAttentionFunction::apply(q.contiguous(), kc.contiguous(), vc.contiguous(),
+                                       kb.contiguous(), vb.contiguous(), anchors.contiguous(),
+                                       keep.contiguous(), options.block_size,
+                                       options.chunk_score_bytes);
+}
+
+torch::Tensor DFlashBlockAttentionDense(const torch::Tensor& q, const torch::Tensor& kc,
+                                        const torch::Tensor& vc, const torch::Tensor& kb,
+                                        const torch::Tensor& vb, const torch::Tensor& anchors,
+                                        const torch::Tensor& keep, int64_t block_size) {
+  const Dims m = DimsOf(q, kc, block_size);
+  const auto opts = anchors.options();
+  const torch::Tensor j = torch::arange(m.nb, opts).div(block_size, "floor");  // block of each query
+  const torch::Tensor kv = torch::arange(m.s + m.nb, opts);
+  const torch::Tensor a = anchors.index_select(1, j);           // [b, NB]
+  const torch::Tensor k = keep.index_select(1, j);              // [b, NB]
+  const torch::Tensor ctx_ok = (kv.view({1, 1, -1}) < m.s).logical_and(kv.view({1, 1, -1}) < a.unsqueeze(-1));
+  const torch::Tensor blk_ok = (kv.view({1, 1, -1}) >= m.s)
+                                   .logical_and((kv - m.s).div(block_size, "floor").view({1, 1, -1}) ==
+                                                j.view({1, -1, 1}));
+  const torch::Tensor allow = k.unsqueeze(-1).logical_and(ctx_ok.logical_or(blk_ok)).unsqueeze(1);
+  const torch::Tensor keys = torch::cat({kc, kb}, 2), values = torch::cat({vc, vb}, 2);
+  torch::Tensor scores = torch::matmul(q, keys.transpose(-1, -2)) * m.scale;
+  scores = scores.masked_fill(allow.logical_not(), -INFINITY);
+  torch::Tensor p = torch::softmax(scores, -1);
+  p = torch::where(allow, p, torch::zeros_like(p));
+  return torch::matmul(p, values);
+}
+
+}  // namespace flashdraft

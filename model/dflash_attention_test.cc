@@ -1,0 +1,76 @@
+#include "model/dflash_attention.h"
+
+#include <gtest/gtest.h>
+
+namespace flashdraft {
+namespace {
+
+struct Inputs {
+  torch::Tensor q, kc, vc, kb, vb, anchors, keep;
+};
+
+Inputs MakeInputs(int64_t b, int64_t h, int64_t n, int64_t block, int64_t s, int64_t d,
+                  uint64_t seed) {
+  torch::manual_seed(seed);
+  auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  Inputs in;
+  in.q = torch::randn({b, h, n * block, d}, f64).requires_grad_(true);
+  in.kb = torch::randn({b, h, n * block, d}, f64).requires_grad_(true);
+  in.vb = torch::randn({b, h, n * block, d}, f64).requires_grad_(true);
+  in.kc = torch::randn({b, h, s, d}, f64).requires_grad_(true);
+  in.vc = torch::randn({b, h, s, d}, f64).requires_grad_(true);
+  // Sorted anchors, including 0 (no context at all) and empty slots at the end of sample 1.
+  in.anchors = std::get<0>(torch::randint(0, s - 1, {b, n}, torch::kInt64).sort(1));
+  in.anchors.index_put_({0, 0}, 0);
+  in.keep = torch::ones({b, n}, torch::kBool);
+  if (b > 1) {
+    in.keep.index_put_({1, torch::indexing::Slice(n - 2, torch::indexing::None)}, false);
+    in.anchors.index_put_({1, torch::indexing::Slice(n - 2, torch::indexing::None)}, 0);
+  }
+  return in;
+}
+
+TEST(DFlashAttentionTest, ChunkedMatchesDenseForwardAndBackward) {
+  const int64_t b = 2, h = 3, n = 5, block = 4, s = 23, d = 8;
+  for (int64_t chunk_bytes : {int64_t{1}, int64_t{2000}, int64_t{1} << 30}) {
+    SCOPED_TRACE(chunk_bytes);
+    Inputs a = MakeInputs(b, h, n, block, s, d, 1);
+    Inputs r = MakeInputs(b, h, n, block, s, d, 1);
+    torch::Tensor out = DFlashBlockAttention(a.q, a.kc, a.vc, a.kb, a.vb, a.anchors, a.keep,
+                                             {block, chunk_bytes});
+    torch::Tensor ref =
+        DFlashBlockAttentionDense(r.q, r.kc, r.vc, r.kb, r.vb, r.anchors, r.keep, block);
+    ASSERT_FALSE(out.isnan().any().item<bool>());
+    EXPECT_TRUE(torch::allclose(out, ref, 1e-10, 1e-12));
+    torch::Tensor g = torch::randn_like(out);
+    (out * g).sum().backward();
+    (ref * g).sum().backward();
+    for (auto [x, y] : std::vector<std::pair<torch::Tensor, torch::Tensor>>{
+             {a.q, r.q}, {a.kc, r.kc}, {a.vc, r.vc}, {a.kb, r.kb}, {a.vb, r.vb}}) {
+      EXPECT_TRUE(torch::allclose(x.grad(), y.grad(), 1e-10, 1e-12));
+    }
+  }
+}
+
+TEST(DFlashAttentionTest, EmptySlotsOutputZeroAndStrictContextBound) {
+  const int64_t block = 4, s = 10, d = 4;
+  Inputs in = MakeInputs(2, 1, 3, block, s, d, 2);
+  torch::Tensor out =
+      DFlashBlockAttention(in.q, in.kc, in.vc, in.kb, in.vb, in.anchors, in.keep, {block, 1 << 20});
+  // Sample 1's last two blocks are empty: zero rows, no NaN.
+  EXPECT_TRUE(out.index({1, 0, torch::indexing::Slice(block, 3 * block)}).eq(0).all().item<bool>());
+  EXPECT_FALSE(out.isnan().any().item<bool>());
+  // Changing the context key/value at the anchor position itself must not change that block.
+  torch::NoGradGuard no_grad;
+  const int64_t a = in.anchors.index({0, 1}).item<int64_t>();
+  torch::Tensor kc2 = in.kc.detach().clone(), vc2 = in.vc.detach().clone();
+  kc2.index_put_({0, 0, a}, 100.0);
+  vc2.index_put_({0, 0, a}, 100.0);
+  torch::Tensor out2 =
+      DFlashBlockAttention(in.q, kc2, vc2, in.kb, in.vb, in.anchors, in.keep, {block, 1 << 20});
+  EXPECT_TRUE(torch::allclose(out.index({0, 0, torch::indexing::Slice(block, 2 * block)}),
+                              out2.index({0, 0, torch::indexing::Slice(block, 2 * block)})));
+}
+
+}  // namespace
+}  // namespace flashdraft

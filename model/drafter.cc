@@ -1,0 +1,292 @@
+#include "model/drafter.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "model/layers.h"
+#include "model/wire_tensor.h"
+
+namespace flashdraft {
+namespace {
+
+torch::nn::Linear MakeLinear(int64_t in, int64_t out) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+}
+
+}  // namespace
+
+RmsNormImpl::RmsNormImpl(int64_t size, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", torch::ones({size}));
+}
+
+torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) { return ApplyRmsNorm(x, weight, eps); }
+
+DrafterAttentionImpl::DrafterAttentionImpl(const DrafterModelConfig& c) {
+  const int64_t q_dim = c.num_attention_heads * c.head_dim;
+  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
+  q_proj = register_module("q_proj", MakeLinear(c.hidden_size, q_dim));
+  k_proj = register_module("k_proj", MakeLinear(c.hidden_size, kv_dim));
+  v_proj = register_module("v_proj", MakeLinear(c.hidden_size, kv_dim));
+  o_proj = register_module("o_proj", MakeLinear(q_dim, c.hidden_size));
+  q_norm = register_module("q_norm", RmsNorm(c.head_dim, c.rms_norm_eps));
+  k_norm = register_module("k_norm", RmsNorm(c.head_dim, c.rms_norm_eps));
+}
+
+DrafterMlpImpl::DrafterMlpImpl(const DrafterModelConfig& c) {
+  gate_proj = register_module("gate_proj", MakeLinear(c.hidden_size, c.intermediate_size));
+  up_proj = register_module("up_proj", MakeLinear(c.hidden_size, c.intermediate_size));
+  down_proj = register_module("down_proj", MakeLinear(c.intermediate_size, c.hidden_size));
+}
+
+torch::Tensor DrafterMlpImpl::forward(const torch::Tensor& x) {
+  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+}
+
+DrafterLayerImpl::DrafterLayerImpl(const DrafterModelConfig& c) {
+  input_layernorm = register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+  self_attn = register_module("self_attn", DrafterAttention(c));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+  mlp = register_module("mlp", DrafterMlp(c));
+}
+
+DrafterImpl::DrafterImpl(DrafterModelConfig config) : config_(std::move(config)) {
+  attention_options.block_size = config_.block_size;
+  fc = register_module("fc", MakeLinear(config_.feature_size(), config_.hidden_size));
+  hidden_norm = register_module("hidden_norm", RmsNorm(config_.hidden_size, config_.rms_norm_eps));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) layers->push_back(DrafterLayer(config_));
+  norm = register_module("norm", RmsNorm(config_.hidden_size, config_.rms_norm_eps));
+}
+
+void DrafterImpl::SetFrozen(torch::Tensor embed_tokens, torch::Tensor lm_head) {
+  embed_tokens_ = embed_tokens.detach().to(torch::kFloat32);
+  lm_head_ = lm_head.detach().to(torch::kFloat32);
+}
+
+void DrafterImpl::InitWeights(uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  auto generator = at::detail::createCPUGenerator(seed);
+  for (auto& item : named_parameters()) {
+    torch::Tensor& p = item.value();
+    if (p.dim() == 1) {
+      p.fill_(1.0);
+    } else {
+      p.normal_(0.0, 0.02, generator);
+    }
+  }
+}
+
+torch::Tensor DrafterImpl::Forward(const torch::Tensor& features, const torch::Tensor& block_ids,
+                                   const torch::Tensor& anchors, const torch::Tensor& keep) {
+  const DrafterModelConfig& c = config_;
+  const int64_t b = features.size(0), s = features.size(1), n = anchors.size(1);
+  const int64_t block = c.block_size, nb = n * block, heads = c.num_attention_heads,
+                kv_heads = c.num_key_value_heads, hd = c.head_dim;
+  // Context: fc + hidden_norm once, shared by all layers; it never passes input_layernorm.
+  const torch::Tensor ctx = hidden_norm(fc(features.to(torch::kFloat32)));
+  torch::Tensor x = embed_tokens_.index_select(0, block_ids.reshape(-1)).view({b, nb, c.hidden_size});
+
+  const auto opts = anchors.options();
+  const torch::Tensor pos_q =
+      (anchors.unsqueeze(-1) + torch::arange(block, opts)).view({b, nb});  // slot t of a → a + t
+  auto [cos_q, sin_q] = RopeTables(pos_q, hd, c.rope_theta);                // [b, NB, hd]
+  auto [cos_c, sin_c] = RopeTables(torch::arange(s, opts), hd, c.rope_theta);  // [S, hd]
+  cos_q = cos_q.unsqueeze(1);
+  sin_q = sin_q.unsqueeze(1);
+
+  for (const auto& module : *layers) {
+    auto layer = module->as<DrafterLayerImpl>();
+    auto& attn = *layer->self_attn;
+    const torch::Tensor xn = layer->input_layernorm(x);
+    auto heads_of = [&](const torch::Tensor& t, int64_t h) {
+      return t.view({b, -1, h, hd}).transpose(1, 2);  // [b, h, T, hd]
+    };
+    torch::Tensor q = ApplyRope(heads_of(attn.q_norm(attn.q_proj(xn).view({b, nb, heads, hd})), heads)
+                                    .contiguous(),
+                                cos_q, sin_q);
+    torch::Tensor kc = ApplyRope(
+        heads_of(attn.k_norm(attn.k_proj(ctx).view({b, s, kv_heads, hd})), kv_heads), cos_c, sin_c);
+    torch::Tensor kb = ApplyRope(
+        heads_of(attn.k_norm(attn.k_proj(xn).view({b, nb, kv_heads, hd})), kv_heads), cos_q, sin_q);
+    torch::Tensor vc = heads_of(attn.v_proj(ctx), kv_heads);
+    torch::Tensor vb = heads_of(attn.v_proj(xn), kv_heads);
+    if (heads != kv_heads) {
+      const int64_t groups = heads / kv_heads;
+      kc = kc.repeat_interleave(groups, 1);
+      vc = vc.repeat_interleave(groups, 1);
+      kb = kb.repeat_interleave(groups, 1);
+      vb = vb.repeat_interleave(groups, 1);
+    }
+    const torch::Tensor o = DFlashBlockAttention(q, kc, vc, kb, vb, anchors, keep, attention_options);
+    x = x + attn.o_proj(o.transpose(1, 2).reshape({b, nb, heads * hd}));
+    x = x + layer->mlp(layer->post_attention_layernorm(x));
+  }
+  return norm(x).view({b, n, block, c.hidden_size});
+}
+
+DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
+                                    std::optional<double> normaliser) {
+  const DrafterModelConfig& c = config_;
+  const int64_t b = batch.input_ids.size(0), s = batch.input_ids.size(1);
+  const int64_t n = batch.anchors.size(1), block = c.block_size;
+  const auto opts = batch.anchors.options();
+  const torch::Tensor keep = batch.anchors.ge(0);
+  const torch::Tensor anchors = batch.anchors.clamp_min(0);
+
+  // Blocks: [x[a], MASK × (B-1)].
+  const torch::Tensor first = batch.input_ids.gather(1, anchors).unsqueeze(-1);
+  const torch::Tensor block_ids =
+      torch::cat({first, torch::full({b, n, block - 1}, c.mask_token_id, opts)}, -1);
+  const torch::Tensor hidden = Forward(batch.hidden_states, block_ids, anchors, keep);
+
+  // Slot k = 1..B-1 predicts x[a + k]; weight keep · [a+k < S] · loss_mask[a+k] · exp(-(k-1)/γ).
+  const torch::Tensor k = torch::arange(1, block, opts);
+  const torch::Tensor target = anchors.unsqueeze(-1) + k;  // [b, N, B-1]
+  const torch::Tensor valid = target.lt(s).logical_and(keep.unsqueeze(-1));
+  const torch::Tensor target_c = target.clamp_max(s - 1).view({b, -1});
+  const torch::Tensor labels = batch.input_ids.gather(1, target_c).view({b, n, block - 1});
+  const torch::Tensor lm = batch.loss_mask.to(torch::kFloat32).gather(1, target_c).view({b, n, block - 1});
+  const torch::Tensor m = valid.to(torch::kFloat32) * lm;
+  const torch::Tensor decay = torch::exp(-(k.to(torch::kFloat32) - 1) / gamma);
+  const torch::Tensor w = m * decay;
+
+  // Only rows that carry weight reach lm_head: padding and empty slots cost nothing.
+  const torch::Tensor rows = m.reshape(-1).gt(0).nonzero().squeeze(-1);
+  const torch::Tensor h = hidden.narrow(2, 1, block - 1).reshape({-1, c.hidden_size}).index_select(0, rows);
+  const torch::Tensor logits = torch::matmul(h, lm_head_.t());
+  const torch::Tensor row_labels = labels.reshape(-1).index_select(0, rows);
+  const torch::Tensor ce = torch::nn::functional::cross_entropy(
+      logits, row_labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+  const torch::Tensor row_w = w.reshape(-1).index_select(0, rows);
+  const torch::Tensor wce = (row_w * ce).sum();
+
+  DrafterLossResult result;
+  result.weighted_ce_sum = wce.item<double>();
+  result.weight_sum = w.sum().item<double>();
+  const double denom = normaliser.value_or(result.weight_sum);
+  result.loss = denom > 0 ? wce / denom : wce * 0.0;
+
+  torch::NoGradGuard no_grad;
+  const torch::Tensor slot = rows.remainder(block - 1);
+  const torch::Tensor hit = logits.argmax(-1).eq(row_labels).to(torch::kInt64);
+  const torch::Tensor correct = torch::zeros({block - 1}, opts).index_add_(0, slot, hit);
+  const torch::Tensor total = torch::zeros({block - 1}, opts).index_add_(0, slot, torch::ones_like(slot));
+  result.slot_correct.assign(correct.data_ptr<int64_t>(), correct.data_ptr<int64_t>() + block - 1);
+  result.slot_total.assign(total.data_ptr<int64_t>(), total.data_ptr<int64_t>() + block - 1);
+  result.tokens = rows.numel();
+  return result;
+}
+
+std::vector<double> DrafterLossResult::SlotAccuracy() const {
+  std::vector<double> acc(slot_total.size(), 0.0);
+  for (size_t i = 0; i < acc.size(); ++i) {
+    if (slot_total[i] > 0) acc[i] = static_cast<double>(slot_correct[i]) / slot_total[i];
+  }
+  return acc;
+}
+
+double DrafterLossResult::TauEstimate() const {
+  double tau = 1.0, run = 1.0;
+  for (double a : SlotAccuracy()) {
+    run *= a;
+    tau += run;
+  }
+  return tau;
+}
+
+absl::Status LoadDrafterWeights(DrafterImpl& drafter, const SafetensorsModel& weights,
+                                bool with_frozen) {
+  torch::NoGradGuard no_grad;
+  auto load = [&](const std::string& name, const std::vector<int64_t>& shape) -> absl::StatusOr<torch::Tensor> {
+    FD_ASSIGN_OR_RETURN(TensorView view, weights.Get(name));
+    if (view.dtype != DType::kF32 && view.dtype != DType::kBF16 && view.dtype != DType::kF16) {
+      return absl::InvalidArgumentError(absl::StrCat(weights.path(), ": tensor '", name, "': dtype ",
+                                                     DTypeName(view.dtype), " is not a float type"));
+    }
+    if (view.shape != shape) {
+      return absl::InvalidArgumentError(absl::StrCat(weights.path(), ": tensor '", name, "': shape ",
+                                                     ShapeString(view.shape), ", expected ",
+                                                     ShapeString(shape)));
+    }
+    return ToTorch(view).to(torch::kFloat32);
+  };
+  for (auto& item : drafter.named_parameters()) {
+    FD_ASSIGN_OR_RETURN(torch::Tensor t, load(item.key(), item.value().sizes().vec()));
+    item.value().copy_(t);
+  }
+  if (!with_frozen) return absl::OkStatus();
+  const DrafterModelConfig& c = drafter.config();
+  const std::vector<int64_t> table = {c.vocab_size, c.hidden_size};
+  FD_ASSIGN_OR_RETURN(torch::Tensor embed, load("embed_tokens.weight", table));
+  torch::Tensor head;
+  if (weights.Contains("lm_head.weight") || !c.tie_word_embeddings) {
+    FD_ASSIGN_OR_RETURN(head, load("lm_head.weight", table));
+  } else {
+    head = embed;
+  }
+  drafter.SetFrozen(embed, head);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DrafterBatch> LoadDrafterBatch(const SafetensorsFile& file,
+                                              const DrafterModelConfig& config) {
+  const std::string& path = file.path();
+  auto error = [&](const std::string& name, const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "': ", what));
+  };
+  FD_ASSIGN_OR_RETURN(TensorView ids, file.GetChecked("input_ids", DType::kI64));
+  if (ids.shape.size() != 2 || ids.shape[1] < 2) {
+    return error("input_ids", absl::StrCat("shape ", ShapeString(ids.shape), " is not [b, S] with S >= 2"));
+  }
+  const int64_t b = ids.shape[0], s = ids.shape[1];
+  FD_ASSIGN_OR_RETURN(TensorView mask, file.Get("loss_mask"));
+  if (mask.dtype != DType::kI64 && mask.dtype != DType::kU8 && mask.dtype != DType::kBool &&
+      mask.dtype != DType::kI32) {
+    return error("loss_mask", absl::StrCat("dtype ", DTypeName(mask.dtype), ", expected I64, I32, U8 or BOOL"));
+  }
+  if (mask.shape != ids.shape) {
+    return error("loss_mask", absl::StrCat("shape ", ShapeString(mask.shape), ", expected ", ShapeString(ids.shape)));
+  }
+  FD_ASSIGN_OR_RETURN(TensorView feats, file.Get("hidden_states"));
+  if (feats.dtype != DType::kF32 && feats.dtype != DType::kBF16 && feats.dtype != DType::kF16) {
+    return error("hidden_states", absl::StrCat("dtype ", DTypeName(feats.dtype), ", expected F32, BF16 or F16"));
+  }
+  const std::vector<int64_t> feat_shape = {b, s, config.feature_size()};
+  if (feats.shape != feat_shape) {
+    return error("hidden_states", absl::StrCat("shape ", ShapeString(feats.shape), ", expected ",
+                                               ShapeString(feat_shape), " (n·H = ",
+                                               config.target_layer_ids.size(), "·",
+                                               config.hidden_size, ")"));
+  }
+  FD_ASSIGN_OR_RETURN(TensorView anchors, file.GetChecked("anchors", DType::kI64));
+  if (anchors.shape.size() != 2 || anchors.shape[0] != b || anchors.shape[1] < 1) {
+    return error("anchors", absl::StrCat("shape ", ShapeString(anchors.shape), ", expected [", b, ", N]"));
+  }
+  DrafterBatch batch;
+  batch.input_ids = ToTorch(ids);
+  batch.loss_mask = ToTorch(mask).to(torch::kInt64);
+  batch.hidden_states = ToTorch(feats).to(torch::kFloat32);
+  batch.anchors = ToTorch(anchors);
+  const int64_t max_id = batch.input_ids.max().item<int64_t>();
+  const int64_t min_id = batch.input_ids.min().item<int64_t>();
+  if (min_id < 0 || max_id >= config.vocab_size) {
+    return error("input_ids", absl::StrCat("ids must be in [0, ", config.vocab_size, "), found ",
+                                           min_id < 0 ? min_id : max_id));
+  }
+  const int64_t* a = batch.anchors.data_ptr<int64_t>();
+  const int64_t n = anchors.shape[1];
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t v = a[i * n + j];
+      if (v < -1 || v > s - 2) {
+        return error("anchors", absl::StrCat("anchors[", i, "][", j, "] = ", v,
+                                             " is outside [0, S-2] = [0, ", s - 2, "] (or -1 for empty)"));
+      }
+    }
+  }
+  return batch;
+}
+
+}  // namespace flashdraft

@@ -1,0 +1,120 @@
+// The DFlash drafter (DFLASH.md §3) and its training loss (§4) in LibTorch. Parameter names are the
+// HF export names (fc.weight, layers.0.self_attn.q_proj.weight, ...); the target's embedding and
+// lm_head are frozen tensors held beside the module, never parameters.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/safetensors.h"
+#include "model/dflash_attention.h"
+#include "model/drafter_config.h"
+
+namespace flashdraft {
+
+class RmsNormImpl : public torch::nn::Module {
+ public:
+  RmsNormImpl(int64_t size, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RmsNorm);
+
+class DrafterAttentionImpl : public torch::nn::Module {
+ public:
+  explicit DrafterAttentionImpl(const DrafterModelConfig& c);
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RmsNorm q_norm{nullptr}, k_norm{nullptr};
+};
+TORCH_MODULE(DrafterAttention);
+
+class DrafterMlpImpl : public torch::nn::Module {
+ public:
+  explicit DrafterMlpImpl(const DrafterModelConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(DrafterMlp);
+
+class DrafterLayerImpl : public torch::nn::Module {
+ public:
+  explicit DrafterLayerImpl(const DrafterModelConfig& c);
+  RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  DrafterAttention self_attn{nullptr};
+  DrafterMlp mlp{nullptr};
+};
+TORCH_MODULE(DrafterLayer);
+
+// One training batch (right-padded).
+struct DrafterBatch {
+  torch::Tensor input_ids;      // [b, S] int64
+  torch::Tensor loss_mask;      // [b, S] any integer or bool dtype, 1 on assistant tokens
+  torch::Tensor hidden_states;  // [b, S, n·H] target features (float)
+  torch::Tensor anchors;        // [b, N] int64, sorted, -1 = empty slot
+};
+
+struct DrafterLossResult {
+  torch::Tensor loss;          // Σ w·CE / normaliser, differentiable
+  double weighted_ce_sum = 0;  // Σ w·CE
+  double weight_sum = 0;       // Σ w
+  std::vector<int64_t> slot_correct;  // slots 1..B-1: [argmax == label]·keep·valid·loss_mask
+  std::vector<int64_t> slot_total;    // slots 1..B-1: keep·valid·loss_mask
+  int64_t tokens = 0;                 // predicted positions (Σ slot_total)
+
+  // acc_k = correct_k / total_k (0 where total_k = 0).
+  std::vector<double> SlotAccuracy() const;
+  // τ_est = 1 + Σ_k Π_{i≤k} acc_i (DFLASH.md §4).
+  double TauEstimate() const;
+};
+
+class DrafterImpl : public torch::nn::Module {
+ public:
+  explicit DrafterImpl(DrafterModelConfig config);
+
+  // Frozen target tensors: embedding [V, H] (the MASK row included) and lm_head [V, H].
+  void SetFrozen(torch::Tensor embed_tokens, torch::Tensor lm_head);
+
+  // Hidden states after the final norm for every block slot: [b, N, B, H].
+  // anchors: [b, N] (≥ 0), keep: [b, N] bool, block_ids: [b, N, B].
+  torch::Tensor Forward(const torch::Tensor& features, const torch::Tensor& block_ids,
+                        const torch::Tensor& anchors, const torch::Tensor& keep);
+
+  // The DFlash loss of a batch. `gamma`: loss decay. `normaliser`: the Σw the loss is divided by
+  // (the global Σw across workers); defaults to this batch's own Σw.
+  DrafterLossResult Loss(const DrafterBatch& batch, double gamma,
+                         std::optional<double> normaliser = std::nullopt);
+
+  // normal(0, 0.02) for every projection, ones for every norm (DFLASH.md §3).
+  void InitWeights(uint64_t seed);
+
+  const DrafterModelConfig& config() const { return config_; }
+  const torch::Tensor& embed_tokens() const { return embed_tokens_; }
+  const torch::Tensor& lm_head() const { return lm_head_; }
+
+  BlockAttentionOptions attention_options;
+
+  torch::nn::Linear fc{nullptr};
+  RmsNorm hidden_norm{nullptr}, norm{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+
+ private:
+  DrafterModelConfig config_;
+  torch::Tensor embed_tokens_, lm_head_;
+};
+TORCH_MODULE(Drafter);
+
+// Loads every trainable parameter (F32, BF16 or F16, converted to fp32) by its HF name, and
+// embed_tokens.weight / lm_head.weight (lm_head taken from embed_tokens when tied and absent).
+// Errors name the file, the tensor and the expected shape.
+absl::Status LoadDrafterWeights(DrafterImpl& drafter, const SafetensorsModel& weights,
+                                bool with_frozen = true);
+
+// Reads a batch file (input_ids, loss_mask, hidden_states, anchors) and checks it against `config`.
+absl::StatusOr<DrafterBatch> LoadDrafterBatch(const SafetensorsFile& file,
+                                              const DrafterModelConfig& config);
+
+}  // namespace flashdraft

@@ -1,0 +1,198 @@
+#include "model/drafter_config.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+
+namespace flashdraft {
+namespace {
+
+using json = nlohmann::json;
+
+absl::Status Error(const std::string& source, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
+}
+
+// Looks `key` up in dflash_config first, then at the top level.
+const json* FindDFlash(const json& root, const std::string& key) {
+  auto d = root.find("dflash_config");
+  if (d != root.end() && d->is_object()) {
+    auto it = d->find(key);
+    if (it != d->end()) return &*it;
+  }
+  auto it = root.find(key);
+  return it == root.end() ? nullptr : &*it;
+}
+
+absl::Status GetInt(const json& root, const std::string& key, const std::string& source,
+                    int64_t& out, bool required, int64_t min_value) {
+  auto it = root.find(key);
+  if (it == root.end() || it->is_null()) {
+    if (required) return Error(source, absl::StrCat("missing field '", key, "'"));
+    return absl::OkStatus();
+  }
+  if (!it->is_number_integer()) {
+    return Error(source, absl::StrCat("field '", key, "' must be an integer, got ", it->dump()));
+  }
+  out = it->get<int64_t>();
+  if (out < min_value) {
+    return Error(source, absl::StrCat("field '", key, "' = ", out, " must be >= ", min_value));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<int> DefaultTargetLayerIds(int num_target_layers, int n) {
+  if (n <= 1) return {1};
+  std::vector<int> ids;
+  for (int i = 0; i < n; ++i) {
+    ids.push_back(static_cast<int>(
+        std::lround(1.0 + static_cast<double>(i) * (num_target_layers - 4) / (n - 1))));
+  }
+  return ids;
+}
+
+absl::StatusOr<DrafterModelConfig> ParseDrafterConfig(const std::string& json_text,
+                                                      const std::string& source) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::exception& e) {
+    return Error(source, absl::StrCat("not valid JSON: ", e.what()));
+  }
+  if (!root.is_object()) return Error(source, "not a JSON object");
+
+  // Features of newer drafters that change the numerics: refuse rather than train something else.
+  for (const char* key : {"conv_kernel_size", "selector_type", "selector_hidden_size",
+                          "output_multiplier", "final_logit_softcapping"}) {
+    if (root.contains(key) && !root[key].is_null()) {
+      return Error(source, absl::StrCat("field '", key, "' is not supported by this trainer"));
+    }
+  }
+  if (root.contains("input_embedding_scale") && root["input_embedding_scale"].is_number() &&
+      root["input_embedding_scale"].get<double>() != 1.0) {
+    return Error(source, absl::StrCat("input_embedding_scale = ", root["input_embedding_scale"].dump(),
+                                      " is not supported (only 1)"));
+  }
+  if (root.contains("layer_types") && root["layer_types"].is_array()) {
+    for (const json& t : root["layer_types"]) {
+      if (!t.is_string() || t.get<std::string>() != "full_attention") {
+        return Error(source, absl::StrCat("layer_types entry ", t.dump(),
+                                          " is not supported (only full_attention)"));
+      }
+    }
+  }
+
+  DrafterModelConfig c;
+  FD_RETURN_IF_ERROR(GetInt(root, "hidden_size", source, c.hidden_size, true, 1));
+  FD_RETURN_IF_ERROR(GetInt(root, "intermediate_size", source, c.intermediate_size, true, 1));
+  FD_RETURN_IF_ERROR(GetInt(root, "num_hidden_layers", source, c.num_hidden_layers, true, 1));
+  FD_RETURN_IF_ERROR(GetInt(root, "num_attention_heads", source, c.num_attention_heads, true, 1));
+  c.num_key_value_heads = c.num_attention_heads;
+  FD_RETURN_IF_ERROR(GetInt(root, "num_key_value_heads", source, c.num_key_value_heads, false, 1));
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  FD_RETURN_IF_ERROR(GetInt(root, "head_dim", source, c.head_dim, false, 2));
+  FD_RETURN_IF_ERROR(GetInt(root, "vocab_size", source, c.vocab_size, true, 1));
+  FD_RETURN_IF_ERROR(GetInt(root, "num_target_layers", source, c.num_target_layers, false, 1));
+  FD_RETURN_IF_ERROR(
+      GetInt(root, "max_position_embeddings", source, c.max_position_embeddings, false, 1));
+  if (root.contains("rms_norm_eps")) {
+    if (!root["rms_norm_eps"].is_number() || root["rms_norm_eps"].get<double>() <= 0) {
+      return Error(source, absl::StrCat("field 'rms_norm_eps' must be a positive number, got ",
+                                        root["rms_norm_eps"].dump()));
+    }
+    c.rms_norm_eps = root["rms_norm_eps"].get<double>();
+  }
+  if (root.contains("rope_theta")) {
+    if (!root["rope_theta"].is_number() || root["rope_theta"].get<double>() <= 0) {
+      return Error(source, absl::StrCat("field 'rope_theta' must be a positive number, got ",
+                                        root["rope_theta"].dump()));
+    }
+    c.rope_theta = root["rope_theta"].get<double>();
+  }
+  if (root.contains("rope_scaling") && !root["rope_scaling"].is_null()) {
+    return Error(source, "field 'rope_scaling' is not supported for the drafter");
+  }
+  if (root.contains("tie_word_embeddings")) {
+    if (!root["tie_word_embeddings"].is_boolean()) {
+      return Error(source, "field 'tie_word_embeddings' must be true or false");
+    }
+    c.tie_word_embeddings = root["tie_word_embeddings"].get<bool>();
+  }
+
+  auto dflash_int = [&](const char* key, int64_t& out, int64_t min_value) -> absl::Status {
+    const json* v = FindDFlash(root, key);
+    if (v == nullptr) return Error(source, absl::StrCat("missing field '", key, "' (in dflash_config or top level)"));
+    if (!v->is_number_integer() || v->get<int64_t>() < min_value) {
+      return Error(source, absl::StrCat("field '", key, "' must be an integer >= ", min_value,
+                                        ", got ", v->dump()));
+    }
+    out = v->get<int64_t>();
+    return absl::OkStatus();
+  };
+  FD_RETURN_IF_ERROR(dflash_int("block_size", c.block_size, 2));
+  FD_RETURN_IF_ERROR(dflash_int("mask_token_id", c.mask_token_id, 0));
+  const json* ids = FindDFlash(root, "target_layer_ids");
+  if (ids == nullptr || !ids->is_array() || ids->empty()) {
+    return Error(source, "missing or empty 'target_layer_ids' (in dflash_config or top level)");
+  }
+  for (const json& id : *ids) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0) {
+      return Error(source, absl::StrCat("target_layer_ids entry ", id.dump(),
+                                        " is not a non-negative integer"));
+    }
+    c.target_layer_ids.push_back(id.get<int>());
+  }
+
+  if (c.num_attention_heads % c.num_key_value_heads != 0) {
+    return Error(source, absl::StrCat("num_attention_heads = ", c.num_attention_heads,
+                                      " is not a multiple of num_key_value_heads = ",
+                                      c.num_key_value_heads));
+  }
+  if (c.head_dim % 2 != 0) {
+    return Error(source, absl::StrCat("head_dim = ", c.head_dim, " must be even for RoPE"));
+  }
+  if (c.mask_token_id >= c.vocab_size) {
+    return Error(source, absl::StrCat("mask_token_id = ", c.mask_token_id,
+                                      " is outside the vocabulary of ", c.vocab_size));
+  }
+  return c;
+}
+
+absl::StatusOr<DrafterModelConfig> LoadDrafterConfig(const std::string& path) {
+  FD_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  return ParseDrafterConfig(text, path);
+}
+
+std::string DrafterConfigToJson(const DrafterModelConfig& c) {
+  nlohmann::ordered_json j;
+  j["architectures"] = {"DFlashDraftModel"};
+  j["model_type"] = "qwen3";
+  j["block_size"] = c.block_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_target_layers"] = c.num_target_layers;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_key_value_heads;
+  j["head_dim"] = c.head_dim;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  j["vocab_size"] = c.vocab_size;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["mask_token_id"] = c.mask_token_id;
+  j["target_layer_ids"] = c.target_layer_ids;
+  j["dflash_config"] = {{"mask_token_id", c.mask_token_id},
+                        {"target_layer_ids", c.target_layer_ids},
+                        {"block_size", c.block_size}};
+  return j.dump(2) + "\n";
+}
+
+}  // namespace flashdraft

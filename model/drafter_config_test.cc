@@ -1,0 +1,66 @@
+#include "model/drafter_config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace flashdraft {
+namespace {
+
+using ::testing::HasSubstr;
+
+// z-lab/Qwen3-8B-DFlash-b16 style: DFlash fields inside dflash_config.
+constexpr const char* kQwen3_8B = R"({
+  "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 16,
+  "num_hidden_layers": 5, "num_target_layers": 36, "hidden_size": 4096,
+  "intermediate_size": 12288, "num_attention_heads": 32, "num_key_value_heads": 8,
+  "head_dim": 128, "rms_norm_eps": 1e-06, "rope_theta": 1000000, "vocab_size": 151936,
+  "max_position_embeddings": 40960, "tie_word_embeddings": false,
+  "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]}})";
+
+TEST(DrafterConfigTest, ParsesTheHeadlineConfig) {
+  auto c = ParseDrafterConfig(kQwen3_8B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->block_size, 16);
+  EXPECT_EQ(c->mask_token_id, 151669);
+  EXPECT_EQ(c->feature_size(), 5 * 4096);
+  EXPECT_EQ(c->target_layer_ids, (std::vector<int>{1, 9, 17, 25, 33}));
+  // Round trip through the export writer.
+  auto again = ParseDrafterConfig(DrafterConfigToJson(*c), "export");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->num_key_value_heads, 8);
+  EXPECT_EQ(again->target_layer_ids, c->target_layer_ids);
+}
+
+TEST(DrafterConfigTest, DefaultTargetLayerIds) {
+  EXPECT_EQ(DefaultTargetLayerIds(36, 5), (std::vector<int>{1, 9, 17, 25, 33}));
+  EXPECT_EQ(DefaultTargetLayerIds(28, 5), (std::vector<int>{1, 7, 13, 19, 25}));
+}
+
+TEST(DrafterConfigTest, RefusesWhatItCannotTrain) {
+  struct Case {
+    std::string patch;
+    const char* error;
+  };
+  const std::string base = kQwen3_8B;
+  auto with = [&](const std::string& field) {
+    return base.substr(0, base.size() - 1) + ", " + field + "}";
+  };
+  const Case cases[] = {
+      {with(R"("conv_kernel_size": 4)"), "field 'conv_kernel_size' is not supported"},
+      {with(R"("final_logit_softcapping": 30.0)"), "field 'final_logit_softcapping' is not supported"},
+      {with(R"("input_embedding_scale": 2.0)"), "input_embedding_scale = 2.0 is not supported"},
+      {with(R"("layer_types": ["sliding_attention"])"), "layer_types entry \"sliding_attention\""},
+      {R"({"hidden_size": 8})", "missing field 'intermediate_size'"},
+      {"[1]", "not a JSON object"},
+      {"{", "not valid JSON"},
+  };
+  for (const Case& c : cases) {
+    auto parsed = ParseDrafterConfig(c.patch, "config.json");
+    ASSERT_FALSE(parsed.ok()) << c.patch;
+    EXPECT_THAT(parsed.status().message(), HasSubstr("config.json: "));
+    EXPECT_THAT(parsed.status().message(), HasSubstr(c.error));
+  }
+}
+
+}  // namespace
+}  // namespace flashdraft

@@ -1,0 +1,162 @@
+// Parity of the C++ drafter with the independent Python reference (tests/reference/
+// dflash_reference.py, dense mask, float64), driven through `flashdraft debug drafter-step` on files.
+#include "model/drafter.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "model/wire_tensor.h"
+#include "tests/support/test_util.h"
+
+namespace flashdraft {
+namespace {
+
+using ::flashdraft::testing::RunCommand;
+using ::flashdraft::testing::RunReferencePython;
+using ::flashdraft::testing::ShellQuote;
+using ::flashdraft::testing::TempDir;
+using ::testing::HasSubstr;
+
+const std::string kReference = FLASHDRAFT_SOURCE_DIR "/tests/reference/dflash_reference.py";
+const std::string kCli = FLASHDRAFT_CLI;
+
+absl::Status MakeCase(const std::string& dir, const std::string& flags) {
+  auto r = RunCommand(absl::StrCat(::flashdraft::testing::kReferencePython, " ", kReference, " ",
+                                   ShellQuote(dir), " ", flags));
+  if (r.exit_code != 0) return absl::InternalError(r.output);
+  return absl::OkStatus();
+}
+
+::flashdraft::testing::CommandResult Step(const std::string& dir, const std::string& extra = "",
+                                          const std::string& weights = "w.safetensors",
+                                          const std::string& batch = "b.safetensors") {
+  return RunCommand(absl::StrCat(kCli, " debug drafter-step --config ", dir, "/drafter.json",
+                                 " --weights ", dir, "/", weights, " --batch ", dir, "/", batch,
+                                 " --out ", dir, "/out.safetensors ", extra));
+}
+
+std::map<std::string, torch::Tensor> ReadAll(const std::string& path) {
+  auto file = SafetensorsFile::Open(path);
+  EXPECT_TRUE(file.ok()) << file.status();
+  std::map<std::string, torch::Tensor> out;
+  if (!file.ok()) return out;
+  for (const std::string& name : (*file)->names()) {
+    out[name] = ToTorch(*(*file)->Get(name)).to(torch::kFloat64);
+  }
+  return out;
+}
+
+struct ParityCase {
+  const char* label;
+  std::string flags;
+  std::string step_flags;
+};
+
+TEST(DrafterParityTest, MatchesPythonReferenceOverConfigTable) {
+  FD_SKIP_WITHOUT_REFERENCE_PYTHON();
+  const ParityCase cases[] = {
+      {"B4 GQA2 untied", "--block-size 4 --layers 1 --heads 4 --kv-heads 2 --gamma 3", "--gamma 3"},
+      {"B8 GQA4 tied 2 layers", "--block-size 8 --layers 2 --heads 4 --kv-heads 1 --tied", ""},
+      {"B16 MHA untied", "--block-size 16 --layers 1 --heads 2 --kv-heads 2 --seq 48 --anchors 4", ""},
+      {"B8 3 layers batch 3 padded, empty slots",
+       "--block-size 8 --layers 3 --heads 4 --kv-heads 4 --tied --batch 3 --seq 36 --anchors 7 --seed 5",
+       ""},
+  };
+  for (const ParityCase& c : cases) {
+    SCOPED_TRACE(c.label);
+    TempDir dir;
+    ASSERT_TRUE(MakeCase(dir.path(), c.flags).ok());
+    auto r = Step(dir.path(), c.step_flags);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto out = ReadAll(dir.Join("out.safetensors"));
+    auto ref = ReadAll(dir.Join("ref.safetensors"));
+    ASSERT_EQ(out.size(), ref.size());
+    for (const auto& [name, expected] : ref) {
+      SCOPED_TRACE(name);
+      ASSERT_TRUE(out.count(name));
+      const torch::Tensor& got = out[name];
+      ASSERT_EQ(got.sizes(), expected.sizes());
+      const double scale = std::max(expected.norm().item<double>(), 1e-6);
+      const double rel = (got - expected).norm().item<double>() / scale;
+      EXPECT_LE(rel, 1e-5) << "relative error " << rel;
+    }
+    EXPECT_GT(ref["loss"].item<double>(), 0.0);
+  }
+}
+
+TEST(DrafterDebugStepTest, BadFilesGetClearErrors) {
+  FD_SKIP_WITHOUT_REFERENCE_PYTHON();
+  TempDir dir;
+  ASSERT_TRUE(MakeCase(dir.path(), "--block-size 8 --layers 1").ok());
+  auto weights = ReadAll(dir.Join("w.safetensors"));
+  auto batch_file = SafetensorsFile::Open(dir.Join("b.safetensors"));
+  ASSERT_TRUE(batch_file.ok());
+
+  // Rewrites a file with one tensor removed or replaced.
+  auto rewrite = [&](const std::string& path, const std::map<std::string, torch::Tensor>& tensors) {
+    SafetensorsWriter writer;
+    for (const auto& [name, t] : tensors) {
+      ASSERT_TRUE(writer.Add(name, *FromTorchDType(t.scalar_type()), t.sizes().vec(), t.data_ptr(),
+                             t.nbytes()).ok());
+    }
+    ASSERT_TRUE(writer.Write(path).ok());
+  };
+  std::map<std::string, torch::Tensor> w32;
+  for (auto& [k, v] : weights) w32[k] = v.to(torch::kFloat32).contiguous();
+
+  auto missing = w32;
+  missing.erase("layers.0.self_attn.k_norm.weight");
+  rewrite(dir.Join("w_missing.safetensors"), missing);
+  auto r = Step(dir.path(), "", "w_missing.safetensors");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("no tensor named 'layers.0.self_attn.k_norm.weight'"));
+
+  auto wrong_shape = w32;
+  wrong_shape["fc.weight"] = torch::zeros({3, 3});
+  rewrite(dir.Join("w_shape.safetensors"), wrong_shape);
+  r = Step(dir.path(), "", "w_shape.safetensors");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("tensor 'fc.weight': shape [3, 3], expected [32, 96]"));
+
+  std::map<std::string, torch::Tensor> batch;
+  for (const std::string& name : (*batch_file)->names()) batch[name] = ToTorch(*(*batch_file)->Get(name));
+  auto bad_anchor_dtype = batch;
+  bad_anchor_dtype["anchors"] = batch["anchors"].to(torch::kInt32).contiguous();
+  rewrite(dir.Join("b_dtype.safetensors"), bad_anchor_dtype);
+  r = Step(dir.path(), "", "w.safetensors", "b_dtype.safetensors");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("tensor 'anchors': dtype is I32, expected I64"));
+
+  auto bad_features = batch;
+  bad_features["hidden_states"] = torch::zeros({2, 40, 95});
+  rewrite(dir.Join("b_feat.safetensors"), bad_features);
+  r = Step(dir.path(), "", "w.safetensors", "b_feat.safetensors");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("tensor 'hidden_states': shape [2, 40, 95], expected [2, 40, 96]"));
+
+  auto bad_anchor = batch;
+  bad_anchor["anchors"] = batch["anchors"].clone();
+  bad_anchor["anchors"].index_put_({0, 0}, 39);
+  rewrite(dir.Join("b_anchor.safetensors"), bad_anchor);
+  r = Step(dir.path(), "", "w.safetensors", "b_anchor.safetensors");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("anchors[0][0] = 39 is outside [0, S-2] = [0, 38]"));
+
+  auto no_mask = batch;
+  no_mask.erase("loss_mask");
+  rewrite(dir.Join("b_nomask.safetensors"), no_mask);
+  r = Step(dir.path(), "", "w.safetensors", "b_nomask.safetensors");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("no tensor named 'loss_mask'"));
+
+  // Block size 12 has no default decay.
+  r = RunCommand(absl::StrCat("sed -i 's/\"block_size\": 8/\"block_size\": 12/' ",
+                              dir.Join("drafter.json")));
+  r = Step(dir.path());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("--gamma is required for block_size 12"));
+}
+
+}  // namespace
+}  // namespace flashdraft
