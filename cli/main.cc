@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
   CLI::App* debug = app.add_subcommand("debug", "Tools for chasing numerics bugs");
   debug->require_subcommand(1);
   CLI::App* step = debug->add_subcommand(
-      "drafter-step", "One drafter forward+backward on files: writes loss, slot accuracy, gradients");
+      "drafter-step",
+      "One drafter forward+backward on files: writes loss, slot accuracy, gradients");
   flashdraft::DrafterStepFiles step_files;
   double gamma = 0;
   step->add_option("--config", step_files.config, "HF-style drafter config.json")->required();

@@ -21,8 +21,9 @@ absl::Status RunDrafterDebugStep(const DrafterStepFiles& files) {
   } else if (std::optional<double> g = DefaultLossDecayGamma(static_cast<int>(config.block_size))) {
     gamma = *g;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--gamma is required for block_size ", config.block_size, " (defaults exist for 8, 10 and 16)"));
+    return absl::InvalidArgumentError(absl::StrCat("--gamma is required for block_size ",
+                                                   config.block_size,
+                                                   " (defaults exist for 8, 10 and 16)"));
   }
   FD_ASSIGN_OR_RETURN(auto weights, SafetensorsModel::Open(files.weights));
   FD_ASSIGN_OR_RETURN(auto batch_file, SafetensorsFile::Open(files.batch));

@@ -33,7 +33,8 @@ Dims DimsOf(const torch::Tensor& q, const torch::Tensor& kc, int64_t block) {
 std::vector<Chunk> PlanChunks(const Dims& m, const torch::Tensor& anchors,
                               int64_t chunk_score_bytes) {
   const int64_t per_block = m.b * m.h * m.block * (m.s + m.block) * 4;
-  const int64_t blocks_per_chunk = std::max<int64_t>(1, chunk_score_bytes / std::max<int64_t>(1, per_block));
+  const int64_t blocks_per_chunk =
+      std::max<int64_t>(1, chunk_score_bytes / std::max<int64_t>(1, per_block));
   // Context keys past the chunk's largest anchor are masked for every query in it: skip them.
   const torch::Tensor anchors_cpu = anchors.to(torch::kCPU).contiguous();
   const int64_t* a = anchors_cpu.data_ptr<int64_t>();
@@ -51,13 +52,10 @@ std::vector<Chunk> PlanChunks(const Dims& m, const torch::Tensor& anchors,
 
 // Probabilities of one chunk: pc [b,h,Q,kv_end] over context keys, pb [b,h,nc,B,B] within blocks.
 // With `lse` given (backward) they are recomputed from it; otherwise lse_out receives it.
-std::pair<torch::Tensor, torch::Tensor> ChunkProbs(const Dims& m, const Chunk& c,
-                                                   const torch::Tensor& qs, const torch::Tensor& kc,
-                                                   const torch::Tensor& kbs,
-                                                   const torch::Tensor& anchors,
-                                                   const torch::Tensor& keep,
-                                                   const torch::Tensor* lse_in,
-                                                   torch::Tensor* lse_out) {
+std::pair<torch::Tensor, torch::Tensor> ChunkProbs(
+    const Dims& m, const Chunk& c, const torch::Tensor& qs, const torch::Tensor& kc,
+    const torch::Tensor& kbs, const torch::Tensor& anchors, const torch::Tensor& keep,
+    const torch::Tensor* lse_in, torch::Tensor* lse_out) {
   const int64_t rows = c.nc * m.block;
   const torch::Tensor a_rows = anchors.narrow(1, c.j0, c.nc).repeat_interleave(m.block, 1);
   const torch::Tensor keep_chunk = keep.narrow(1, c.j0, c.nc);
@@ -82,7 +80,8 @@ std::pair<torch::Tensor, torch::Tensor> ChunkProbs(const Dims& m, const Chunk& c
     *lse_out = lse;
   }
   const torch::Tensor p = torch::exp(all - lse.unsqueeze(-1));
-  return {p.narrow(-1, 0, c.kv_end), p.narrow(-1, c.kv_end, m.block).reshape({m.b, m.h, c.nc, m.block, m.block})};
+  return {p.narrow(-1, 0, c.kv_end),
+          p.narrow(-1, c.kv_end, m.block).reshape({m.b, m.h, c.nc, m.block, m.block})};
 }
 
 class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFunction> {
@@ -98,8 +97,10 @@ class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFu
     for (const Chunk& c : PlanChunks(m, anchors, chunk_score_bytes)) {
       const int64_t rows = c.nc * m.block;
       const torch::Tensor qs = q.narrow(2, c.j0 * m.block, rows);
-      const torch::Tensor kbs = kb.narrow(2, c.j0 * m.block, rows).view({m.b, m.h, c.nc, m.block, m.d});
-      const torch::Tensor vbs = vb.narrow(2, c.j0 * m.block, rows).view({m.b, m.h, c.nc, m.block, m.d});
+      const torch::Tensor kbs =
+          kb.narrow(2, c.j0 * m.block, rows).view({m.b, m.h, c.nc, m.block, m.d});
+      const torch::Tensor vbs =
+          vb.narrow(2, c.j0 * m.block, rows).view({m.b, m.h, c.nc, m.block, m.d});
       torch::Tensor lse_chunk;
       auto [pc, pb] = ChunkProbs(m, c, qs, kc, kbs, anchors, keep, nullptr, &lse_chunk);
       torch::Tensor o = torch::matmul(pc, vc.narrow(2, 0, c.kv_end)) +
@@ -125,8 +126,7 @@ class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFu
     torch::Tensor dq = torch::zeros_like(q), dkc = torch::zeros_like(kc),
                   dvc = torch::zeros_like(vc), dkb = torch::zeros_like(kb),
                   dvb = torch::zeros_like(vb);
-    for (const Chunk& c :
-         PlanChunks(m, anchors, ctx->saved_data["chunk_score_bytes"].toInt())) {
+    for (const Chunk& c : PlanChunks(m, anchors, ctx->saved_data["chunk_score_bytes"].toInt())) {
       const int64_t rows = c.nc * m.block;
       const int64_t r0 = c.j0 * m.block;
       const torch::Tensor qs = q.narrow(2, r0, rows);
@@ -140,10 +140,11 @@ class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFu
       // softmax backward: dS = P ⊙ (dP − rowsum(dO ⊙ O))
       const torch::Tensor delta = (dos * out.narrow(2, r0, rows)).sum(-1, /*keepdim=*/true);
       const torch::Tensor dsc = pc * (torch::matmul(dos, vcs.transpose(-1, -2)) - delta);
-      const torch::Tensor dsb =
-          pb * (torch::matmul(dob, vbs.transpose(-1, -2)) - delta.view({m.b, m.h, c.nc, m.block, 1}));
+      const torch::Tensor dsb = pb * (torch::matmul(dob, vbs.transpose(-1, -2)) -
+                                      delta.view({m.b, m.h, c.nc, m.block, 1}));
       dvc.narrow(2, 0, c.kv_end).add_(torch::matmul(pc.transpose(-1, -2), dos));
-      dvb.narrow(2, r0, rows).copy_(torch::matmul(pb.transpose(-1, -2), dob).view({m.b, m.h, rows, m.d}));
+      dvb.narrow(2, r0, rows)
+          .copy_(torch::matmul(pb.transpose(-1, -2), dob).view({m.b, m.h, rows, m.d}));
       dq.narrow(2, r0, rows)
           .copy_((torch::matmul(dsc, kcs) + torch::matmul(dsb, kbs).view({m.b, m.h, rows, m.d})) *
                  m.scale);
@@ -151,8 +152,8 @@ class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFu
       dkb.narrow(2, r0, rows)
           .copy_(torch::matmul(dsb.transpose(-1, -2), qblk).view({m.b, m.h, rows, m.d}) * m.scale);
     }
-    return {dq, dkc, dvc, dkb, dvb, torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
+    return {
+        dq, dkc, dvc, dkb, dvb, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -161,15 +162,15 @@ class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFu
 torch::Tensor DFlashBlockAttention(const torch::Tensor& q, const torch::Tensor& kc,
                                    const torch::Tensor& vc, const torch::Tensor& kb,
                                    const torch::Tensor& vb, const torch::Tensor& anchors,
-                                   const torch::Tensor& keep, const BlockAttentionOptions& options) {
+                                   const torch::Tensor& keep,
+                                   const BlockAttentionOptions& options) {
   TORCH_CHECK(q.dim() == 4 && q.size(2) % options.block_size == 0,
               "DFlashBlockAttention: q must be [b, heads, N*B, d]");
   TORCH_CHECK(anchors.scalar_type() == torch::kInt64 && keep.scalar_type() == torch::kBool,
               "DFlashBlockAttention: anchors int64, keep bool");
-  return BlockAttentionFunction::apply(q.contiguous(), kc.contiguous(), vc.contiguous(),
-                                       kb.contiguous(), vb.contiguous(), anchors.contiguous(),
-                                       keep.contiguous(), options.block_size,
-                                       options.chunk_score_bytes);
+  return BlockAttentionFunction::apply(
+      q.contiguous(), kc.contiguous(), vc.contiguous(), kb.contiguous(), vb.contiguous(),
+      anchors.contiguous(), keep.contiguous(), options.block_size, options.chunk_score_bytes);
 }
 
 torch::Tensor DFlashBlockAttentionDense(const torch::Tensor& q, const torch::Tensor& kc,
@@ -178,14 +179,16 @@ torch::Tensor DFlashBlockAttentionDense(const torch::Tensor& q, const torch::Ten
                                         const torch::Tensor& keep, int64_t block_size) {
   const Dims m = DimsOf(q, kc, block_size);
   const auto opts = anchors.options();
-  const torch::Tensor j = torch::arange(m.nb, opts).div(block_size, "floor");  // block of each query
+  const torch::Tensor j =
+      torch::arange(m.nb, opts).div(block_size, "floor");  // block of each query
   const torch::Tensor kv = torch::arange(m.s + m.nb, opts);
-  const torch::Tensor a = anchors.index_select(1, j);           // [b, NB]
-  const torch::Tensor k = keep.index_select(1, j);              // [b, NB]
-  const torch::Tensor ctx_ok = (kv.view({1, 1, -1}) < m.s).logical_and(kv.view({1, 1, -1}) < a.unsqueeze(-1));
-  const torch::Tensor blk_ok = (kv.view({1, 1, -1}) >= m.s)
-                                   .logical_and((kv - m.s).div(block_size, "floor").view({1, 1, -1}) ==
-                                                j.view({1, -1, 1}));
+  const torch::Tensor a = anchors.index_select(1, j);  // [b, NB]
+  const torch::Tensor k = keep.index_select(1, j);     // [b, NB]
+  const torch::Tensor ctx_ok =
+      (kv.view({1, 1, -1}) < m.s).logical_and(kv.view({1, 1, -1}) < a.unsqueeze(-1));
+  const torch::Tensor blk_ok =
+      (kv.view({1, 1, -1}) >= m.s)
+          .logical_and((kv - m.s).div(block_size, "floor").view({1, 1, -1}) == j.view({1, -1, 1}));
   const torch::Tensor allow = k.unsqueeze(-1).logical_and(ctx_ok.logical_or(blk_ok)).unsqueeze(1);
   const torch::Tensor keys = torch::cat({kc, kb}, 2), values = torch::cat({vc, vb}, 2);
   torch::Tensor scores = torch::matmul(q, keys.transpose(-1, -2)) * m.scale;

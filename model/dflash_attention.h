@@ -15,8 +15,8 @@ struct BlockAttentionOptions {
   int64_t chunk_score_bytes = int64_t{64} << 20;
 };
 
-// q, kb, vb: [b, heads, N·B, d] (block queries, keys, values); kc, vc: [b, heads, S, d] (context keys
-// and values, GQA heads already repeated); anchors: [b, N] int64 (≥ 0); keep: [b, N] bool.
+// q, kb, vb: [b, heads, N·B, d] (block queries, keys, values); kc, vc: [b, heads, S, d] (context
+// keys and values, GQA heads already repeated); anchors: [b, N] int64 (≥ 0); keep: [b, N] bool.
 // Returns [b, heads, N·B, d]. Differentiable in q, kc, vc, kb, vb.
 torch::Tensor DFlashBlockAttention(const torch::Tensor& q, const torch::Tensor& kc,
                                    const torch::Tensor& vc, const torch::Tensor& kb,

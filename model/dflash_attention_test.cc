@@ -36,8 +36,8 @@ TEST(DFlashAttentionTest, ChunkedMatchesDenseForwardAndBackward) {
     SCOPED_TRACE(chunk_bytes);
     Inputs a = MakeInputs(b, h, n, block, s, d, 1);
     Inputs r = MakeInputs(b, h, n, block, s, d, 1);
-    torch::Tensor out = DFlashBlockAttention(a.q, a.kc, a.vc, a.kb, a.vb, a.anchors, a.keep,
-                                             {block, chunk_bytes});
+    torch::Tensor out =
+        DFlashBlockAttention(a.q, a.kc, a.vc, a.kb, a.vb, a.anchors, a.keep, {block, chunk_bytes});
     torch::Tensor ref =
         DFlashBlockAttentionDense(r.q, r.kc, r.vc, r.kb, r.vb, r.anchors, r.keep, block);
     ASSERT_FALSE(out.isnan().any().item<bool>());

@@ -86,12 +86,13 @@ torch::Tensor DrafterImpl::Forward(const torch::Tensor& features, const torch::T
                 kv_heads = c.num_key_value_heads, hd = c.head_dim;
   // Context: fc + hidden_norm once, shared by all layers; it never passes input_layernorm.
   const torch::Tensor ctx = hidden_norm(fc(features.to(torch::kFloat32)));
-  torch::Tensor x = embed_tokens_.index_select(0, block_ids.reshape(-1)).view({b, nb, c.hidden_size});
+  torch::Tensor x =
+      embed_tokens_.index_select(0, block_ids.reshape(-1)).view({b, nb, c.hidden_size});
 
   const auto opts = anchors.options();
   const torch::Tensor pos_q =
       (anchors.unsqueeze(-1) + torch::arange(block, opts)).view({b, nb});  // slot t of a → a + t
-  auto [cos_q, sin_q] = RopeTables(pos_q, hd, c.rope_theta);                // [b, NB, hd]
+  auto [cos_q, sin_q] = RopeTables(pos_q, hd, c.rope_theta);               // [b, NB, hd]
   auto [cos_c, sin_c] = RopeTables(torch::arange(s, opts), hd, c.rope_theta);  // [S, hd]
   cos_q = cos_q.unsqueeze(1);
   sin_q = sin_q.unsqueeze(1);
@@ -103,9 +104,9 @@ torch::Tensor DrafterImpl::Forward(const torch::Tensor& features, const torch::T
     auto heads_of = [&](const torch::Tensor& t, int64_t h) {
       return t.view({b, -1, h, hd}).transpose(1, 2);  // [b, h, T, hd]
     };
-    torch::Tensor q = ApplyRope(heads_of(attn.q_norm(attn.q_proj(xn).view({b, nb, heads, hd})), heads)
-                                    .contiguous(),
-                                cos_q, sin_q);
+    torch::Tensor q = ApplyRope(
+        heads_of(attn.q_norm(attn.q_proj(xn).view({b, nb, heads, hd})), heads).contiguous(), cos_q,
+        sin_q);
     torch::Tensor kc = ApplyRope(
         heads_of(attn.k_norm(attn.k_proj(ctx).view({b, s, kv_heads, hd})), kv_heads), cos_c, sin_c);
     torch::Tensor kb = ApplyRope(
@@ -119,7 +120,8 @@ torch::Tensor DrafterImpl::Forward(const torch::Tensor& features, const torch::T
       kb = kb.repeat_interleave(groups, 1);
       vb = vb.repeat_interleave(groups, 1);
     }
-    const torch::Tensor o = DFlashBlockAttention(q, kc, vc, kb, vb, anchors, keep, attention_options);
+    const torch::Tensor o =
+        DFlashBlockAttention(q, kc, vc, kb, vb, anchors, keep, attention_options);
     x = x + attn.o_proj(o.transpose(1, 2).reshape({b, nb, heads * hd}));
     x = x + layer->mlp(layer->post_attention_layernorm(x));
   }
@@ -147,14 +149,16 @@ DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
   const torch::Tensor valid = target.lt(s).logical_and(keep.unsqueeze(-1));
   const torch::Tensor target_c = target.clamp_max(s - 1).view({b, -1});
   const torch::Tensor labels = batch.input_ids.gather(1, target_c).view({b, n, block - 1});
-  const torch::Tensor lm = batch.loss_mask.to(torch::kFloat32).gather(1, target_c).view({b, n, block - 1});
+  const torch::Tensor lm =
+      batch.loss_mask.to(torch::kFloat32).gather(1, target_c).view({b, n, block - 1});
   const torch::Tensor m = valid.to(torch::kFloat32) * lm;
   const torch::Tensor decay = torch::exp(-(k.to(torch::kFloat32) - 1) / gamma);
   const torch::Tensor w = m * decay;
 
   // Only rows that carry weight reach lm_head: padding and empty slots cost nothing.
   const torch::Tensor rows = m.reshape(-1).gt(0).nonzero().squeeze(-1);
-  const torch::Tensor h = hidden.narrow(2, 1, block - 1).reshape({-1, c.hidden_size}).index_select(0, rows);
+  const torch::Tensor h =
+      hidden.narrow(2, 1, block - 1).reshape({-1, c.hidden_size}).index_select(0, rows);
   const torch::Tensor logits = torch::matmul(h, lm_head_.t());
   const torch::Tensor row_labels = labels.reshape(-1).index_select(0, rows);
   const torch::Tensor ce = torch::nn::functional::cross_entropy(
@@ -164,7 +168,7 @@ DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
 
   DrafterLossResult result;
   result.weighted_ce_sum = wce.item<double>();
-  result.weight_sum = w.sum().item<double>();
+  result.weight_sum = w.to(torch::kFloat64).sum().item<double>();  // exact across splits
   const double denom = normaliser.value_or(result.weight_sum);
   result.loss = denom > 0 ? wce / denom : wce * 0.0;
 
@@ -172,7 +176,8 @@ DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
   const torch::Tensor slot = rows.remainder(block - 1);
   const torch::Tensor hit = logits.argmax(-1).eq(row_labels).to(torch::kInt64);
   const torch::Tensor correct = torch::zeros({block - 1}, opts).index_add_(0, slot, hit);
-  const torch::Tensor total = torch::zeros({block - 1}, opts).index_add_(0, slot, torch::ones_like(slot));
+  const torch::Tensor total =
+      torch::zeros({block - 1}, opts).index_add_(0, slot, torch::ones_like(slot));
   result.slot_correct.assign(correct.data_ptr<int64_t>(), correct.data_ptr<int64_t>() + block - 1);
   result.slot_total.assign(total.data_ptr<int64_t>(), total.data_ptr<int64_t>() + block - 1);
   result.tokens = rows.numel();
@@ -199,16 +204,18 @@ double DrafterLossResult::TauEstimate() const {
 absl::Status LoadDrafterWeights(DrafterImpl& drafter, const SafetensorsModel& weights,
                                 bool with_frozen) {
   torch::NoGradGuard no_grad;
-  auto load = [&](const std::string& name, const std::vector<int64_t>& shape) -> absl::StatusOr<torch::Tensor> {
+  auto load = [&](const std::string& name,
+                  const std::vector<int64_t>& shape) -> absl::StatusOr<torch::Tensor> {
     FD_ASSIGN_OR_RETURN(TensorView view, weights.Get(name));
     if (view.dtype != DType::kF32 && view.dtype != DType::kBF16 && view.dtype != DType::kF16) {
-      return absl::InvalidArgumentError(absl::StrCat(weights.path(), ": tensor '", name, "': dtype ",
-                                                     DTypeName(view.dtype), " is not a float type"));
+      return absl::InvalidArgumentError(absl::StrCat(weights.path(), ": tensor '", name,
+                                                     "': dtype ", DTypeName(view.dtype),
+                                                     " is not a float type"));
     }
     if (view.shape != shape) {
-      return absl::InvalidArgumentError(absl::StrCat(weights.path(), ": tensor '", name, "': shape ",
-                                                     ShapeString(view.shape), ", expected ",
-                                                     ShapeString(shape)));
+      return absl::InvalidArgumentError(absl::StrCat(weights.path(), ": tensor '", name,
+                                                     "': shape ", ShapeString(view.shape),
+                                                     ", expected ", ShapeString(shape)));
     }
     return ToTorch(view).to(torch::kFloat32);
   };
@@ -238,31 +245,36 @@ absl::StatusOr<DrafterBatch> LoadDrafterBatch(const SafetensorsFile& file,
   };
   FD_ASSIGN_OR_RETURN(TensorView ids, file.GetChecked("input_ids", DType::kI64));
   if (ids.shape.size() != 2 || ids.shape[1] < 2) {
-    return error("input_ids", absl::StrCat("shape ", ShapeString(ids.shape), " is not [b, S] with S >= 2"));
+    return error("input_ids",
+                 absl::StrCat("shape ", ShapeString(ids.shape), " is not [b, S] with S >= 2"));
   }
   const int64_t b = ids.shape[0], s = ids.shape[1];
   FD_ASSIGN_OR_RETURN(TensorView mask, file.Get("loss_mask"));
   if (mask.dtype != DType::kI64 && mask.dtype != DType::kU8 && mask.dtype != DType::kBool &&
       mask.dtype != DType::kI32) {
-    return error("loss_mask", absl::StrCat("dtype ", DTypeName(mask.dtype), ", expected I64, I32, U8 or BOOL"));
+    return error("loss_mask",
+                 absl::StrCat("dtype ", DTypeName(mask.dtype), ", expected I64, I32, U8 or BOOL"));
   }
   if (mask.shape != ids.shape) {
-    return error("loss_mask", absl::StrCat("shape ", ShapeString(mask.shape), ", expected ", ShapeString(ids.shape)));
+    return error("loss_mask", absl::StrCat("shape ", ShapeString(mask.shape), ", expected ",
+                                           ShapeString(ids.shape)));
   }
   FD_ASSIGN_OR_RETURN(TensorView feats, file.Get("hidden_states"));
   if (feats.dtype != DType::kF32 && feats.dtype != DType::kBF16 && feats.dtype != DType::kF16) {
-    return error("hidden_states", absl::StrCat("dtype ", DTypeName(feats.dtype), ", expected F32, BF16 or F16"));
+    return error("hidden_states",
+                 absl::StrCat("dtype ", DTypeName(feats.dtype), ", expected F32, BF16 or F16"));
   }
   const std::vector<int64_t> feat_shape = {b, s, config.feature_size()};
   if (feats.shape != feat_shape) {
-    return error("hidden_states", absl::StrCat("shape ", ShapeString(feats.shape), ", expected ",
-                                               ShapeString(feat_shape), " (n·H = ",
-                                               config.target_layer_ids.size(), "·",
-                                               config.hidden_size, ")"));
+    return error(
+        "hidden_states",
+        absl::StrCat("shape ", ShapeString(feats.shape), ", expected ", ShapeString(feat_shape),
+                     " (n·H = ", config.target_layer_ids.size(), "·", config.hidden_size, ")"));
   }
   FD_ASSIGN_OR_RETURN(TensorView anchors, file.GetChecked("anchors", DType::kI64));
   if (anchors.shape.size() != 2 || anchors.shape[0] != b || anchors.shape[1] < 1) {
-    return error("anchors", absl::StrCat("shape ", ShapeString(anchors.shape), ", expected [", b, ", N]"));
+    return error("anchors",
+                 absl::StrCat("shape ", ShapeString(anchors.shape), ", expected [", b, ", N]"));
   }
   DrafterBatch batch;
   batch.input_ids = ToTorch(ids);
@@ -281,8 +293,9 @@ absl::StatusOr<DrafterBatch> LoadDrafterBatch(const SafetensorsFile& file,
     for (int64_t j = 0; j < n; ++j) {
       const int64_t v = a[i * n + j];
       if (v < -1 || v > s - 2) {
-        return error("anchors", absl::StrCat("anchors[", i, "][", j, "] = ", v,
-                                             " is outside [0, S-2] = [0, ", s - 2, "] (or -1 for empty)"));
+        return error("anchors",
+                     absl::StrCat("anchors[", i, "][", j, "] = ", v, " is outside [0, S-2] = [0, ",
+                                  s - 2, "] (or -1 for empty)"));
       }
     }
   }

@@ -58,9 +58,9 @@ struct DrafterBatch {
 };
 
 struct DrafterLossResult {
-  torch::Tensor loss;          // Σ w·CE / normaliser, differentiable
-  double weighted_ce_sum = 0;  // Σ w·CE
-  double weight_sum = 0;       // Σ w
+  torch::Tensor loss;                 // Σ w·CE / normaliser, differentiable
+  double weighted_ce_sum = 0;         // Σ w·CE
+  double weight_sum = 0;              // Σ w
   std::vector<int64_t> slot_correct;  // slots 1..B-1: [argmax == label]·keep·valid·loss_mask
   std::vector<int64_t> slot_total;    // slots 1..B-1: keep·valid·loss_mask
   int64_t tokens = 0;                 // predicted positions (Σ slot_total)

@@ -75,8 +75,9 @@ absl::StatusOr<DrafterModelConfig> ParseDrafterConfig(const std::string& json_te
   }
   if (root.contains("input_embedding_scale") && root["input_embedding_scale"].is_number() &&
       root["input_embedding_scale"].get<double>() != 1.0) {
-    return Error(source, absl::StrCat("input_embedding_scale = ", root["input_embedding_scale"].dump(),
-                                      " is not supported (only 1)"));
+    return Error(source,
+                 absl::StrCat("input_embedding_scale = ", root["input_embedding_scale"].dump(),
+                              " is not supported (only 1)"));
   }
   if (root.contains("layer_types") && root["layer_types"].is_array()) {
     for (const json& t : root["layer_types"]) {
@@ -126,7 +127,9 @@ absl::StatusOr<DrafterModelConfig> ParseDrafterConfig(const std::string& json_te
 
   auto dflash_int = [&](const char* key, int64_t& out, int64_t min_value) -> absl::Status {
     const json* v = FindDFlash(root, key);
-    if (v == nullptr) return Error(source, absl::StrCat("missing field '", key, "' (in dflash_config or top level)"));
+    if (v == nullptr)
+      return Error(source,
+                   absl::StrCat("missing field '", key, "' (in dflash_config or top level)"));
     if (!v->is_number_integer() || v->get<int64_t>() < min_value) {
       return Error(source, absl::StrCat("field '", key, "' must be an integer >= ", min_value,
                                         ", got ", v->dump()));

@@ -47,7 +47,8 @@ TEST(DrafterConfigTest, RefusesWhatItCannotTrain) {
   };
   const Case cases[] = {
       {with(R"("conv_kernel_size": 4)"), "field 'conv_kernel_size' is not supported"},
-      {with(R"("final_logit_softcapping": 30.0)"), "field 'final_logit_softcapping' is not supported"},
+      {with(R"("final_logit_softcapping": 30.0)"),
+       "field 'final_logit_softcapping' is not supported"},
       {with(R"("input_embedding_scale": 2.0)"), "input_embedding_scale = 2.0 is not supported"},
       {with(R"("layer_types": ["sliding_attention"])"), "layer_types entry \"sliding_attention\""},
       {R"({"hidden_size": 8})", "missing field 'intermediate_size'"},

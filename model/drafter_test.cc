@@ -1,5 +1,6 @@
 // Parity of the C++ drafter with the independent Python reference (tests/reference/
-// dflash_reference.py, dense mask, float64), driven through `flashdraft debug drafter-step` on files.
+// dflash_reference.py, dense mask, float64), driven through `flashdraft debug drafter-step` on
+// files.
 #include "model/drafter.h"
 
 #include <gmock/gmock.h>
@@ -58,9 +59,11 @@ TEST(DrafterParityTest, MatchesPythonReferenceOverConfigTable) {
   const ParityCase cases[] = {
       {"B4 GQA2 untied", "--block-size 4 --layers 1 --heads 4 --kv-heads 2 --gamma 3", "--gamma 3"},
       {"B8 GQA4 tied 2 layers", "--block-size 8 --layers 2 --heads 4 --kv-heads 1 --tied", ""},
-      {"B16 MHA untied", "--block-size 16 --layers 1 --heads 2 --kv-heads 2 --seq 48 --anchors 4", ""},
+      {"B16 MHA untied", "--block-size 16 --layers 1 --heads 2 --kv-heads 2 --seq 48 --anchors 4",
+       ""},
       {"B8 3 layers batch 3 padded, empty slots",
-       "--block-size 8 --layers 3 --heads 4 --kv-heads 4 --tied --batch 3 --seq 36 --anchors 7 --seed 5",
+       "--block-size 8 --layers 3 --heads 4 --kv-heads 4 --tied --batch 3 --seq 36 --anchors 7 "
+       "--seed 5",
        ""},
   };
   for (const ParityCase& c : cases) {
@@ -97,8 +100,10 @@ TEST(DrafterDebugStepTest, BadFilesGetClearErrors) {
   auto rewrite = [&](const std::string& path, const std::map<std::string, torch::Tensor>& tensors) {
     SafetensorsWriter writer;
     for (const auto& [name, t] : tensors) {
-      ASSERT_TRUE(writer.Add(name, *FromTorchDType(t.scalar_type()), t.sizes().vec(), t.data_ptr(),
-                             t.nbytes()).ok());
+      ASSERT_TRUE(writer
+                      .Add(name, *FromTorchDType(t.scalar_type()), t.sizes().vec(), t.data_ptr(),
+                           t.nbytes())
+                      .ok());
     }
     ASSERT_TRUE(writer.Write(path).ok());
   };
@@ -120,7 +125,8 @@ TEST(DrafterDebugStepTest, BadFilesGetClearErrors) {
   EXPECT_THAT(r.output, HasSubstr("tensor 'fc.weight': shape [3, 3], expected [32, 96]"));
 
   std::map<std::string, torch::Tensor> batch;
-  for (const std::string& name : (*batch_file)->names()) batch[name] = ToTorch(*(*batch_file)->Get(name));
+  for (const std::string& name : (*batch_file)->names())
+    batch[name] = ToTorch(*(*batch_file)->Get(name));
   auto bad_anchor_dtype = batch;
   bad_anchor_dtype["anchors"] = batch["anchors"].to(torch::kInt32).contiguous();
   rewrite(dir.Join("b_dtype.safetensors"), bad_anchor_dtype);
@@ -133,7 +139,8 @@ TEST(DrafterDebugStepTest, BadFilesGetClearErrors) {
   rewrite(dir.Join("b_feat.safetensors"), bad_features);
   r = Step(dir.path(), "", "w.safetensors", "b_feat.safetensors");
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, HasSubstr("tensor 'hidden_states': shape [2, 40, 95], expected [2, 40, 96]"));
+  EXPECT_THAT(r.output,
+              HasSubstr("tensor 'hidden_states': shape [2, 40, 95], expected [2, 40, 96]"));
 
   auto bad_anchor = batch;
   bad_anchor["anchors"] = batch["anchors"].clone();
@@ -151,8 +158,8 @@ TEST(DrafterDebugStepTest, BadFilesGetClearErrors) {
   EXPECT_THAT(r.output, HasSubstr("no tensor named 'loss_mask'"));
 
   // Block size 12 has no default decay.
-  r = RunCommand(absl::StrCat("sed -i 's/\"block_size\": 8/\"block_size\": 12/' ",
-                              dir.Join("drafter.json")));
+  r = RunCommand(
+      absl::StrCat("sed -i 's/\"block_size\": 8/\"block_size\": 12/' ", dir.Join("drafter.json")));
   r = Step(dir.path());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("--gamma is required for block_size 12"));

@@ -19,7 +19,8 @@ std::pair<torch::Tensor, torch::Tensor> RopeTables(const torch::Tensor& position
   return {emb.cos().to(torch::kFloat32), emb.sin().to(torch::kFloat32)};
 }
 
-torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos,
+                        const torch::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
   const torch::Tensor x1 = x.narrow(-1, 0, half);
   const torch::Tensor x2 = x.narrow(-1, half, half);

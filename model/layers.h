@@ -1,5 +1,5 @@
-// Building blocks shared by the drafter and the target decoders: RMSNorm and rotary embeddings in the
-// Hugging Face Llama/Qwen convention (DFLASH.md §3).
+// Building blocks shared by the drafter and the target decoders: RMSNorm and rotary embeddings in
+// the Hugging Face Llama/Qwen convention (DFLASH.md §3).
 #pragma once
 
 #include <torch/torch.h>
