@@ -13,6 +13,7 @@
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/safetensors.h"
+#include "cli/train_synthetic.h"
 #include "model/debug_step.h"
 
 namespace flashdraft {
@@ -90,6 +91,20 @@ int main(int argc, char** argv) {
   CLI::Option* gamma_opt =
       step->add_option("--gamma", gamma, "loss decay (default 7/5/4 for block size 16/10/8)");
 
+  CLI::App* synth = debug->add_subcommand(
+      "train-synthetic", "Train a drafter in this process on a synthetic learnable language");
+  flashdraft::SyntheticTrainingOptions synth_options;
+  synth->add_option("--steps", synth_options.steps, "training steps")->capture_default_str();
+  synth->add_option("--block-size", synth_options.block_size, "8, 10 or 16")->capture_default_str();
+  synth->add_option("--hidden", synth_options.hidden_size, "drafter hidden size")->capture_default_str();
+  synth->add_option("--layers", synth_options.layers, "drafter layers")->capture_default_str();
+  synth->add_option("--noise", synth_options.noise, "probability of a random next token")
+      ->capture_default_str();
+  synth->add_option("--lr", synth_options.learning_rate, "peak learning rate")->capture_default_str();
+  synth->add_option("--seed", synth_options.seed, "seed")->capture_default_str();
+  synth->add_option("--threads", synth_options.threads, "intra-op threads")->capture_default_str();
+  synth->add_option("--out", synth_options.out_dir, "directory for steps.jsonl");
+
   app.add_subcommand("version", "Print the version");
 
   CLI11_PARSE(app, argc, argv);
@@ -101,6 +116,10 @@ int main(int argc, char** argv) {
     if (!s.ok()) return flashdraft::Fail(s);
     std::printf("wrote %s\n", step_files.out.c_str());
     return 0;
+  }
+  if (synth->parsed()) {
+    absl::Status s = flashdraft::RunSyntheticTraining(synth_options);
+    return s.ok() ? 0 : flashdraft::Fail(s);
   }
   if (app.got_subcommand("version")) {
     std::printf("flashdraft %s\n", FLASHDRAFT_VERSION);
