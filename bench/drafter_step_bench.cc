@@ -20,15 +20,24 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int64_t v = std::stoll(argv[i + 1]);
-    if (flag == "--threads") threads = v;
-    else if (flag == "--steps") steps = v;
-    else if (flag == "--hidden") hidden = v;
-    else if (flag == "--layers") layers = v;
-    else if (flag == "--block") block = v;
-    else if (flag == "--seq") seq = v;
-    else if (flag == "--anchors") anchors = v;
-    else if (flag == "--batch") batch = v;
-    else if (flag == "--vocab") vocab = v;
+    if (flag == "--threads")
+      threads = v;
+    else if (flag == "--steps")
+      steps = v;
+    else if (flag == "--hidden")
+      hidden = v;
+    else if (flag == "--layers")
+      layers = v;
+    else if (flag == "--block")
+      block = v;
+    else if (flag == "--seq")
+      seq = v;
+    else if (flag == "--anchors")
+      anchors = v;
+    else if (flag == "--batch")
+      batch = v;
+    else if (flag == "--vocab")
+      vocab = v;
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;

@@ -367,21 +367,23 @@ bool SafetensorsModel::Contains(absl::string_view name) const {
   return index_.find(name) != index_.end();
 }
 
-absl::StatusOr<TensorView> SafetensorsModel::Get(absl::string_view name) const {
+absl::StatusOr<const SafetensorsFile*> SafetensorsModel::FileOf(absl::string_view name) const {
   auto it = index_.find(name);
   if (it == index_.end()) {
     return absl::NotFoundError(absl::StrCat(path_, ": no tensor named '", name, "'"));
   }
-  return it->second->Get(name);
+  return it->second;
+}
+
+absl::StatusOr<TensorView> SafetensorsModel::Get(absl::string_view name) const {
+  FD_ASSIGN_OR_RETURN(const SafetensorsFile* file, FileOf(name));
+  return file->Get(name);
 }
 
 absl::StatusOr<TensorView> SafetensorsModel::GetChecked(absl::string_view name, DType dtype,
                                                         const std::vector<int64_t>& shape) const {
-  auto it = index_.find(name);
-  if (it == index_.end()) {
-    return absl::NotFoundError(absl::StrCat(path_, ": no tensor named '", name, "'"));
-  }
-  return it->second->GetChecked(name, dtype, shape);
+  FD_ASSIGN_OR_RETURN(const SafetensorsFile* file, FileOf(name));
+  return file->GetChecked(name, dtype, shape);
 }
 
 }  // namespace flashdraft

@@ -107,6 +107,8 @@ class SafetensorsModel {
   const std::string& path() const { return path_; }
 
  private:
+  absl::StatusOr<const SafetensorsFile*> FileOf(absl::string_view name) const;
+
   std::string path_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*, std::less<>> index_;

@@ -44,6 +44,19 @@ absl::Status GetInt(const json& root, const std::string& key, const std::string&
   return absl::OkStatus();
 }
 
+// An optional positive number; `out` keeps its default when the field is absent.
+absl::Status GetPositive(const json& root, const std::string& key, const std::string& source,
+                         double& out) {
+  auto it = root.find(key);
+  if (it == root.end()) return absl::OkStatus();
+  if (!it->is_number() || it->get<double>() <= 0) {
+    return Error(source,
+                 absl::StrCat("field '", key, "' must be a positive number, got ", it->dump()));
+  }
+  out = it->get<double>();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<int> DefaultTargetLayerIds(int num_target_layers, int n) {
@@ -101,20 +114,8 @@ absl::StatusOr<DrafterModelConfig> ParseDrafterConfig(const std::string& json_te
   FD_RETURN_IF_ERROR(GetInt(root, "num_target_layers", source, c.num_target_layers, false, 1));
   FD_RETURN_IF_ERROR(
       GetInt(root, "max_position_embeddings", source, c.max_position_embeddings, false, 1));
-  if (root.contains("rms_norm_eps")) {
-    if (!root["rms_norm_eps"].is_number() || root["rms_norm_eps"].get<double>() <= 0) {
-      return Error(source, absl::StrCat("field 'rms_norm_eps' must be a positive number, got ",
-                                        root["rms_norm_eps"].dump()));
-    }
-    c.rms_norm_eps = root["rms_norm_eps"].get<double>();
-  }
-  if (root.contains("rope_theta")) {
-    if (!root["rope_theta"].is_number() || root["rope_theta"].get<double>() <= 0) {
-      return Error(source, absl::StrCat("field 'rope_theta' must be a positive number, got ",
-                                        root["rope_theta"].dump()));
-    }
-    c.rope_theta = root["rope_theta"].get<double>();
-  }
+  FD_RETURN_IF_ERROR(GetPositive(root, "rms_norm_eps", source, c.rms_norm_eps));
+  FD_RETURN_IF_ERROR(GetPositive(root, "rope_theta", source, c.rope_theta));
   if (root.contains("rope_scaling") && !root["rope_scaling"].is_null()) {
     return Error(source, "field 'rope_scaling' is not supported for the drafter");
   }
