@@ -9,11 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "cli/launch.h"
+#include "cli/make_shards.h"
+#include "cli/train_synthetic.h"
 #include "common/crc32c.h"
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/safetensors.h"
-#include "cli/train_synthetic.h"
 #include "model/debug_step.h"
 
 namespace flashdraft {
@@ -96,14 +98,40 @@ int main(int argc, char** argv) {
   flashdraft::SyntheticTrainingOptions synth_options;
   synth->add_option("--steps", synth_options.steps, "training steps")->capture_default_str();
   synth->add_option("--block-size", synth_options.block_size, "8, 10 or 16")->capture_default_str();
-  synth->add_option("--hidden", synth_options.hidden_size, "drafter hidden size")->capture_default_str();
+  synth->add_option("--hidden", synth_options.hidden_size, "drafter hidden size")
+      ->capture_default_str();
   synth->add_option("--layers", synth_options.layers, "drafter layers")->capture_default_str();
   synth->add_option("--noise", synth_options.noise, "probability of a random next token")
       ->capture_default_str();
-  synth->add_option("--lr", synth_options.learning_rate, "peak learning rate")->capture_default_str();
+  synth->add_option("--lr", synth_options.learning_rate, "peak learning rate")
+      ->capture_default_str();
   synth->add_option("--seed", synth_options.seed, "seed")->capture_default_str();
   synth->add_option("--threads", synth_options.threads, "intra-op threads")->capture_default_str();
   synth->add_option("--out", synth_options.out_dir, "directory for steps.jsonl");
+
+  CLI::App* launch = app.add_subcommand(
+      "launch", "Run a job here: the coordinator and N workers as child processes");
+  flashdraft::LaunchOptions launch_options;
+  launch->add_option("job", launch_options.job_path, "YAML job file")->required();
+  launch->add_option("--workers", launch_options.workers, "worker processes")
+      ->capture_default_str();
+  launch->add_option("--out", launch_options.out_dir, "output directory (overrides output_dir)");
+  launch->add_option("--set", launch_options.overrides, "override a field: section.field=value");
+  launch->add_option("--threads", launch_options.threads_per_worker, "intra-op threads per worker")
+      ->capture_default_str();
+
+  CLI::App* shards = app.add_subcommand(
+      "make-shards", "Write a synthetic learnable data set as offline shards (demo, tests)");
+  flashdraft::MakeShardsOptions shard_options;
+  shards->add_option("--out", shard_options.out, "output directory")->required();
+  shards->add_option("--samples", shard_options.samples, "samples")->capture_default_str();
+  shards->add_option("--seq", shard_options.seq_len, "longest sample")->capture_default_str();
+  shards->add_option("--vocab", shard_options.vocab_size, "vocabulary")->capture_default_str();
+  shards->add_option("--hidden", shard_options.hidden_size, "target hidden size")
+      ->capture_default_str();
+  shards->add_option("--noise", shard_options.noise, "probability of a random next token")
+      ->capture_default_str();
+  shards->add_option("--seed", shard_options.seed, "seed")->capture_default_str();
 
   app.add_subcommand("version", "Print the version");
 
@@ -116,6 +144,11 @@ int main(int argc, char** argv) {
     if (!s.ok()) return flashdraft::Fail(s);
     std::printf("wrote %s\n", step_files.out.c_str());
     return 0;
+  }
+  if (launch->parsed()) return flashdraft::Launch(launch_options);
+  if (shards->parsed()) {
+    absl::Status s = flashdraft::MakeShards(shard_options);
+    return s.ok() ? 0 : flashdraft::Fail(s);
   }
   if (synth->parsed()) {
     absl::Status s = flashdraft::RunSyntheticTraining(synth_options);

@@ -35,15 +35,14 @@ absl::Status RunSyntheticTraining(const SyntheticTrainingOptions& o) {
   }
 
   // Two target layers' worth of features; the frozen embedding and lm_head are the "target's".
-  const SyntheticLanguage lang = MakeSyntheticLanguage(o.vocab_size, 2 * o.hidden_size, o.noise, o.seed);
-  const DrafterModelConfig config = SyntheticDrafterConfig(lang, o.block_size, o.hidden_size, o.layers);
+  const SyntheticLanguage lang =
+      MakeSyntheticLanguage(o.vocab_size, 2 * o.hidden_size, o.noise, o.seed);
+  const DrafterModelConfig config =
+      SyntheticDrafterConfig(lang, o.block_size, o.hidden_size, o.layers);
   Drafter drafter(config);
   drafter->InitWeights(o.seed);
-  auto generator = at::detail::createCPUGenerator(o.seed + 1);
-  // Row norms near 3, like a trained LLM's: logits start small instead of saturated.
-  const double scale = 3.0 / std::sqrt(static_cast<double>(o.hidden_size));
-  drafter->SetFrozen(torch::randn({o.vocab_size, o.hidden_size}, generator, torch::kFloat32) * scale,
-                     torch::randn({o.vocab_size, o.hidden_size}, generator, torch::kFloat32) * scale);
+  auto [embed, lm_head] = MakeSyntheticTarget(lang, o.hidden_size, o.seed + 1);
+  drafter->SetFrozen(embed, lm_head);
   OptimizerOptions opt;
   opt.learning_rate = o.learning_rate;
   opt.warmup_steps = std::max<int64_t>(1, o.steps * 4 / 100);
@@ -54,17 +53,17 @@ absl::Status RunSyntheticTraining(const SyntheticTrainingOptions& o) {
   batch_options.seq_len = o.seq_len;
   batch_options.max_anchors = o.max_anchors;
 
-  std::printf("training a %lld-layer drafter (hidden %lld, block %lld) on a synthetic language "
-              "(vocab %lld, noise %.2f: the best possible τ is about %.1f)\n",
-              static_cast<long long>(o.layers), static_cast<long long>(o.hidden_size),
-              static_cast<long long>(o.block_size), static_cast<long long>(o.vocab_size), o.noise,
-              [&] {
-                double tau = 1, run = 1;
-                for (int64_t k = 1; k < o.block_size; ++k) tau += (run *= 1 - o.noise);
-                return tau;
-              }());
-  std::printf("%6s %9s %8s %8s %8s %8s %10s\n", "step", "loss", "acc@1", "acc@2", "acc@4", "tau_est",
-              "tokens/s");
+  std::printf(
+      "training a %lld-layer drafter (hidden %lld, block %lld) on a synthetic language "
+      "(vocab %lld, noise %.2f: the best possible τ is about %.1f)\n",
+      static_cast<long long>(o.layers), static_cast<long long>(o.hidden_size),
+      static_cast<long long>(o.block_size), static_cast<long long>(o.vocab_size), o.noise, [&] {
+        double tau = 1, run = 1;
+        for (int64_t k = 1; k < o.block_size; ++k) tau += (run *= 1 - o.noise);
+        return tau;
+      }());
+  std::printf("%6s %9s %8s %8s %8s %8s %10s\n", "step", "loss", "acc@1", "acc@2", "acc@4",
+              "tau_est", "tokens/s");
   using Clock = std::chrono::steady_clock;
   double window_loss = 0, window_tokens = 0, window_seconds = 0;
   std::vector<int64_t> window_correct(o.block_size - 1, 0), window_total(o.block_size - 1, 0);

@@ -1,5 +1,7 @@
 #include "model/synthetic_data.h"
 
+#include <cmath>
+
 #include "model/anchors.h"
 
 namespace flashdraft {
@@ -49,6 +51,17 @@ DrafterBatch MakeSyntheticBatch(const SyntheticLanguage& lang, const SyntheticBa
   batch.hidden_states = lang.feature_table.index_select(0, ids.view(-1)).view({b, s, -1});
   batch.anchors = torch::tensor(anchors.values, torch::kInt64).view({anchors.rows, anchors.cols});
   return batch;
+}
+
+std::pair<torch::Tensor, torch::Tensor> MakeSyntheticTarget(const SyntheticLanguage& lang,
+                                                            int64_t hidden_size, uint64_t seed) {
+  auto generator = at::detail::createCPUGenerator(seed);
+  const double scale = 3.0 / std::sqrt(static_cast<double>(hidden_size));
+  torch::Tensor embed =
+      torch::randn({lang.vocab_size, hidden_size}, generator, torch::kFloat32) * scale;
+  torch::Tensor head =
+      torch::randn({lang.vocab_size, hidden_size}, generator, torch::kFloat32) * scale;
+  return {embed, head};
 }
 
 DrafterModelConfig SyntheticDrafterConfig(const SyntheticLanguage& lang, int64_t block_size,

@@ -35,6 +35,11 @@ struct SyntheticBatchOptions {
 DrafterBatch MakeSyntheticBatch(const SyntheticLanguage& language,
                                 const SyntheticBatchOptions& options, uint64_t seed, uint64_t step);
 
+// The synthetic target's frozen embedding and lm_head [V, hidden] (row norms near 3, like a trained
+// LLM's, so logits start small instead of saturated).
+std::pair<torch::Tensor, torch::Tensor> MakeSyntheticTarget(const SyntheticLanguage& language,
+                                                            int64_t hidden_size, uint64_t seed);
+
 // A drafter config sized for a CPU demo over `language`.
 DrafterModelConfig SyntheticDrafterConfig(const SyntheticLanguage& language, int64_t block_size,
                                           int64_t hidden_size, int64_t layers);

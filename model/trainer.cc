@@ -30,6 +30,10 @@ DrafterLossResult DrafterTrainer::Accumulate(const DrafterBatch& batch, double g
 }
 
 double DrafterTrainer::Apply(int64_t step) {
+  return ApplyWithLearningRate(CosineLearningRate(options_, step));
+}
+
+double DrafterTrainer::ApplyWithLearningRate(double lr) {
   std::vector<torch::Tensor> params = drafter_->parameters();
   double norm;
   if (options_.grad_clip_norm > 0) {
@@ -41,7 +45,6 @@ double DrafterTrainer::Apply(int64_t step) {
     }
     norm = std::sqrt(sq);
   }
-  const double lr = CosineLearningRate(options_, step);
   for (auto& group : optimizer_->param_groups()) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   }

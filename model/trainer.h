@@ -38,6 +38,8 @@ class DrafterTrainer {
   // Clips, steps AdamW at the scheduled rate for `step`, zeroes gradients. Returns the gradient
   // norm before clipping.
   double Apply(int64_t step);
+  // The same with a learning rate decided elsewhere (the coordinator sends it with each step).
+  double ApplyWithLearningRate(double learning_rate);
 
   // Drops accumulated gradients (a step that will be re-issued).
   void DiscardGradients();

@@ -1,0 +1,237 @@
+#include "cli/launch.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/job_config.h"
+
+namespace flashdraft {
+namespace {
+
+std::atomic<int> g_signal{0};
+
+void OnSignal(int sig) { g_signal = sig; }
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  int out_fd = -1;
+  std::string partial;  // an incomplete last line
+  std::ofstream log;
+  bool exited = false;
+  int exit_code = -1;
+};
+
+// Starts `argv` with stdout+stderr into a pipe, in its own process group (so that a terminal's
+// Ctrl-C reaches only the launcher, which stops the children in order).
+bool Spawn(Child& child, const std::vector<std::string>& argv) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return false;
+  pid_t pid = fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    setpgid(0, 0);
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::fprintf(stderr, "exec %s failed: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  close(fds[1]);
+  child.pid = pid;
+  child.out_fd = fds[0];
+  return true;
+}
+
+std::string BinDir() {
+  std::error_code ec;
+  return std::filesystem::read_symlink("/proc/self/exe", ec).parent_path().string();
+}
+
+}  // namespace
+
+int Launch(const LaunchOptions& o) {
+  auto fail = [](const std::string& what) {
+    std::cerr << "flashdraft launch: error: " << what << "\n";
+    return 1;
+  };
+  if (o.workers < 1) return fail(absl::StrCat("--workers must be >= 1, got ", o.workers));
+  absl::StatusOr<JobConfig> job = LoadJobConfig(o.job_path);
+  if (!job.ok()) return fail(std::string(job.status().message()));
+  for (const std::string& ov : o.overrides) {
+    absl::Status s = ApplyOverride(*job, ov);
+    if (!s.ok()) return fail(std::string(s.message()));
+  }
+  if (!o.out_dir.empty()) job->output_dir = o.out_dir;
+  job->cluster.min_workers = job->cluster.max_workers = o.workers;
+  std::error_code ec;
+  std::filesystem::create_directories(job->output_dir + "/logs", ec);
+  if (ec) return fail(absl::StrCat("cannot create ", job->output_dir, "/logs: ", ec.message()));
+  const std::string job_file = job->output_dir + "/job.yaml";
+  if (absl::Status s = WriteFileAtomically(job_file, JobConfigToYaml(*job)); !s.ok()) {
+    return fail(std::string(s.message()));
+  }
+  const std::string bin = BinDir();
+  const std::string coordinator_bin = bin + "/flashdraft-coordinator";
+  const std::string worker_bin = bin + "/flashdraft-worker";
+  for (const std::string& b : {coordinator_bin, worker_bin}) {
+    if (access(b.c_str(), X_OK) != 0) return fail(absl::StrCat(b, " not found next to flashdraft"));
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  std::vector<std::unique_ptr<Child>> children;
+  std::mutex out_mu;
+  auto add_child = [&](const std::string& name, const std::vector<std::string>& argv) -> Child* {
+    auto c = std::make_unique<Child>();
+    c->name = name;
+    c->log.open(job->output_dir + "/logs/" + name + ".log");
+    if (!Spawn(*c, argv)) return nullptr;
+    children.push_back(std::move(c));
+    return children.back().get();
+  };
+  // Interleaves the children's output, line by line, with a prefix.
+  auto pump = [&](int timeout_ms) {
+    std::vector<pollfd> fds;
+    std::vector<Child*> owners;
+    for (auto& c : children) {
+      if (c->out_fd >= 0) {
+        fds.push_back({c->out_fd, POLLIN, 0});
+        owners.push_back(c.get());
+      }
+    }
+    if (fds.empty() || poll(fds.data(), fds.size(), timeout_ms) <= 0) {
+      if (fds.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
+      return;
+    }
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP))) continue;
+      Child* c = owners[i];
+      char buf[8192];
+      ssize_t n = read(c->out_fd, buf, sizeof(buf));
+      if (n <= 0) {
+        close(c->out_fd);
+        c->out_fd = -1;
+        n = 0;
+      }
+      c->partial.append(buf, n);
+      size_t nl;
+      std::lock_guard<std::mutex> lock(out_mu);
+      while ((nl = c->partial.find('\n')) != std::string::npos ||
+             (c->out_fd < 0 && !c->partial.empty())) {
+        const std::string line = nl == std::string::npos ? c->partial : c->partial.substr(0, nl);
+        c->partial.erase(0, nl == std::string::npos ? std::string::npos : nl + 1);
+        std::printf("[%-11s] %s\n", c->name.c_str(), line.c_str());
+        c->log << line << "\n";
+      }
+      std::fflush(stdout);
+      c->log.flush();
+    }
+  };
+  auto reap = [&] {
+    for (auto& c : children) {
+      if (c->exited) continue;
+      int status;
+      if (waitpid(c->pid, &status, WNOHANG) == c->pid) {
+        c->exited = true;
+        c->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+    }
+  };
+  auto signal_all = [&](int sig) {
+    for (auto& c : children) {
+      if (!c->exited) kill(c->pid, sig);
+    }
+  };
+
+  const std::string port_file = job->output_dir + "/coordinator.port";
+  std::filesystem::remove(port_file, ec);
+  Child* coordinator =
+      add_child("coordinator", {coordinator_bin, "--job", job_file, "--port-file", port_file});
+  if (coordinator == nullptr) return fail("cannot start the coordinator");
+  int port = 0;
+  const auto port_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (port == 0) {
+    pump(50);
+    reap();
+    std::ifstream in(port_file);
+    if (in >> port && port > 0) break;
+    port = 0;
+    if (coordinator->exited || g_signal != 0 || std::chrono::steady_clock::now() > port_deadline) {
+      signal_all(SIGKILL);
+      while (coordinator->out_fd >= 0) pump(50);
+      return fail(coordinator->exited
+                      ? absl::StrCat("the coordinator exited with code ", coordinator->exit_code)
+                      : "the coordinator did not start listening");
+    }
+  }
+  for (int r = 0; r < o.workers; ++r) {
+    const std::string name = absl::StrCat("worker ", r);
+    if (add_child(absl::StrCat("worker-", r),
+                  {worker_bin, "--coordinator", absl::StrCat("127.0.0.1:", port), "--id",
+                   absl::StrCat("worker-", r), "--threads",
+                   std::to_string(o.threads_per_worker)}) == nullptr) {
+      signal_all(SIGTERM);
+      return fail("cannot start a worker");
+    }
+  }
+
+  // Run until the coordinator ends (or a signal), then give the workers a grace period.
+  bool interrupted = false;
+  std::chrono::steady_clock::time_point kill_at{};
+  while (true) {
+    pump(100);
+    reap();
+    if (g_signal != 0 && !interrupted) {
+      interrupted = true;
+      std::lock_guard<std::mutex> lock(out_mu);
+      std::printf("[launch     ] stopping (signal %d)\n", g_signal.load());
+      kill(coordinator->pid, SIGTERM);
+      kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    }
+    if (coordinator->exited && kill_at == std::chrono::steady_clock::time_point{}) {
+      kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    }
+    bool all_exited = true;
+    for (auto& c : children) all_exited = all_exited && c->exited;
+    if (all_exited) break;
+    if (kill_at != std::chrono::steady_clock::time_point{} &&
+        std::chrono::steady_clock::now() > kill_at) {
+      signal_all(SIGKILL);
+    }
+  }
+  for (auto& c : children) {
+    while (c->out_fd >= 0) pump(50);
+  }
+  int failed_workers = 0;
+  for (auto& c : children) failed_workers += (c.get() != coordinator && c->exit_code != 0);
+  std::printf(
+      "[launch     ] coordinator exited %d; %d of %d worker(s) failed; logs and steps.jsonl in "
+      "%s\n",
+      coordinator->exit_code, failed_workers, o.workers, job->output_dir.c_str());
+  if (interrupted) return 130;
+  return coordinator->exit_code == 0 ? 0 : 1;
+}
+
+}  // namespace flashdraft

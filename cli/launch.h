@@ -1,0 +1,21 @@
+// `flashdraft launch job.yaml --workers N [--out DIR]`: the coordinator and N workers as child
+// processes of this one, their output interleaved with a prefix per process and kept under
+// <out>/logs/, stopped together on Ctrl-C or when the job ends. Exits non-zero if the job failed.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace flashdraft {
+
+struct LaunchOptions {
+  std::string job_path;
+  int workers = 2;
+  std::string out_dir;  // overrides the job's output_dir
+  std::vector<std::string> overrides;
+  int threads_per_worker = 1;
+};
+
+int Launch(const LaunchOptions& options);
+
+}  // namespace flashdraft

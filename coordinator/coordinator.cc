@@ -1,0 +1,721 @@
+#include "coordinator/coordinator.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/crc32c.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "common/tensor_codec.h"
+#include "flashdraft/v1/coordinator.grpc.pb.h"
+#include "glog/logging.h"
+
+namespace flashdraft {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Hugging Face's cosine schedule with linear warmup (model/trainer.h has the torch-side twin).
+double ScheduledLearningRate(double lr, int64_t warmup, int64_t total, int64_t step) {
+  if (step < warmup) return lr * static_cast<double>(step) / std::max<int64_t>(1, warmup);
+  const double progress = static_cast<double>(step - warmup) / std::max<int64_t>(1, total - warmup);
+  return lr * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, progress))));
+}
+
+std::string RandomToken() {
+  std::random_device rd;
+  return absl::StrFormat("%016x%016x", (uint64_t{rd()} << 32) | rd(),
+                         (uint64_t{rd()} << 32) | rd());
+}
+
+constexpr int kMaxMessageBytes = 64 << 20;
+
+}  // namespace
+
+// The Train stream of one worker: an outbound queue with one write in flight; reads dispatch to the
+// coordinator, which never blocks in them.
+class TrainSession : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage> {
+ public:
+  explicit TrainSession(Coordinator* coordinator) : coordinator_(coordinator) { StartRead(&in_); }
+
+  void Send(std::shared_ptr<const v1::CoordinatorMessage> message) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    queue_.push_back(std::move(message));
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(queue_.front().get());
+    }
+  }
+
+  // Finishes once every queued message has been written.
+  void FinishAfterWrites(grpc::Status status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    finish_status_ = std::move(status);
+    finish_pending_ = true;
+    if (!writing_) FinishLocked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.pop_front();
+    if (!ok) {
+      queue_.clear();
+      writing_ = false;
+      if (!finished_) {
+        finish_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed");
+        FinishLocked();
+      }
+      return;
+    }
+    if (!queue_.empty() && !finished_) {
+      StartWrite(queue_.front().get());
+    } else {
+      writing_ = false;
+      if (finish_pending_) FinishLocked();
+    }
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      coordinator_->SessionEnded(this, "the worker closed its stream");
+      FinishAfterWrites(grpc::Status::OK);
+      return;
+    }
+    if (rank_ < 0) {
+      // The first message identifies the worker.
+      if (!coordinator_->ValidToken(in_.session_token())) {
+        FinishAfterWrites(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown session token"));
+        return;
+      }
+      rank_ = coordinator_->RankOfToken(in_.session_token());
+      coordinator_->SessionStarted(this, rank_);
+    }
+    switch (in_.kind_case()) {
+      case v1::WorkerMessage::kAck:
+        coordinator_->OnAck(rank_, in_.ack());
+        break;
+      case v1::WorkerMessage::kHeartbeat:
+        coordinator_->OnHeartbeat(rank_);
+        break;
+      case v1::WorkerMessage::kError:
+        coordinator_->OnWorkerError(rank_, in_.error());
+        break;
+      default:
+        break;
+    }
+    StartRead(&in_);
+  }
+
+  void OnDone() override {
+    coordinator_->SessionEnded(this, "the stream ended");
+    delete this;
+  }
+
+ private:
+  void FinishLocked() {
+    finished_ = true;
+    Finish(finish_status_);
+  }
+
+  Coordinator* coordinator_;
+  v1::WorkerMessage in_;
+  int rank_ = -1;
+  std::mutex mu_;
+  std::deque<std::shared_ptr<const v1::CoordinatorMessage>> queue_;
+  bool writing_ = false;
+  bool finished_ = false;
+  bool finish_pending_ = false;
+  grpc::Status finish_status_;
+};
+
+// FetchTensors: the frozen target tensors as chunks, one write in flight, encoded on the fly.
+class FetchReactor : public grpc::ServerWriteReactor<v1::TensorChunk> {
+ public:
+  FetchReactor(const Coordinator* coordinator, std::vector<std::string> names)
+      : coordinator_(coordinator), names_(std::move(names)) {
+    Next();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
+      return;
+    }
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
+    while (true) {
+      // The current tensor has bytes left, or is empty and still owes its one (empty) chunk.
+      if (tensor_ >= 0 && (offset_ < total_ || !sent_empty_)) {
+        const size_t len = std::min<uint64_t>(kDefaultMaxChunkBytes, total_ - offset_);
+        // Encode exactly one chunk: a sub-view starting at offset_.
+        chunk_.set_offset(offset_);
+        chunk_.set_chunk_index(static_cast<uint32_t>(offset_ / kDefaultMaxChunkBytes));
+        chunk_.mutable_data()->assign(reinterpret_cast<const char*>(view_.data) + offset_, len);
+        chunk_.set_crc32c(Crc32c(view_.data + offset_, len));
+        offset_ += len;
+        sent_empty_ = true;
+        StartWrite(&chunk_);
+        return;
+      }
+      ++tensor_;
+      if (tensor_ >= static_cast<int>(names_.size())) {
+        Finish(grpc::Status::OK);
+        return;
+      }
+      absl::StatusOr<TensorView> view = coordinator_->target().Get(names_[tensor_]);
+      if (!view.ok()) {
+        Finish(ToGrpcStatus(view.status()));
+        return;
+      }
+      view_ = *view;
+      total_ = view_.nbytes;
+      offset_ = 0;
+      sent_empty_ = false;
+      chunk_.Clear();
+      chunk_.set_name(names_[tensor_]);
+      chunk_.set_dtype(static_cast<v1::DType>(view_.dtype));
+      for (int64_t d : view_.shape) chunk_.add_shape(d);
+      chunk_.set_total_bytes(total_);
+      chunk_.set_num_chunks(static_cast<uint32_t>(
+          total_ == 0 ? 1 : (total_ + kDefaultMaxChunkBytes - 1) / kDefaultMaxChunkBytes));
+    }
+  }
+
+  const Coordinator* coordinator_;
+  std::vector<std::string> names_;
+  int tensor_ = -1;
+  TensorView view_;
+  uint64_t total_ = 0, offset_ = 0;
+  bool sent_empty_ = false;
+  v1::TensorChunk chunk_;
+};
+
+class CoordinatorServiceImpl : public v1::Coordinator::CallbackService {
+ public:
+  explicit CoordinatorServiceImpl(Coordinator* c) : c_(c) {}
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* request,
+                                 v1::JoinReply* reply) override {
+    c_->Join(*request, reply);
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* Train(
+      grpc::CallbackServerContext*) override {
+    return new TrainSession(c_);
+  }
+
+  grpc::ServerWriteReactor<v1::TensorChunk>* FetchTensors(
+      grpc::CallbackServerContext*, const v1::FetchTensorsRequest* request) override {
+    if (!c_->ValidToken(request->session_token())) {
+      struct Refuse : grpc::ServerWriteReactor<v1::TensorChunk> {
+        Refuse() {
+          Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown session token"));
+        }
+        void OnDone() override { delete this; }
+      };
+      return new Refuse();
+    }
+    std::vector<std::string> names(request->names().begin(), request->names().end());
+    if (names.empty()) names = c_->FrozenTensorNames();
+    return new FetchReactor(c_, std::move(names));
+  }
+
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest*,
+                                   v1::StatusReply* reply) override {
+    c_->FillStatus(reply);
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Store(grpc::CallbackServerContext* ctx, const v1::StoreRequest* req,
+                                  v1::StoreReply* reply) override {
+    auto* reactor = ctx->DefaultReactor();
+    if (!c_->ValidToken(req->session_token())) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown session token"));
+      return reactor;
+    }
+    RendezvousStore& store = c_->store();
+    switch (req->op_case()) {
+      case v1::StoreRequest::kSet:
+        store.Set(req->set().key(), req->set().value());
+        break;
+      case v1::StoreRequest::kGet: {
+        std::string value;
+        reply->set_ready(store.Get(req->get().key(), &value));
+        reply->set_value(std::move(value));
+        break;
+      }
+      case v1::StoreRequest::kAdd:
+        reply->set_counter(store.Add(req->add().key(), req->add().delta()));
+        break;
+      case v1::StoreRequest::kCheck:
+        reply->set_ready(store.Check({req->check().keys().begin(), req->check().keys().end()}));
+        break;
+      case v1::StoreRequest::kDeleteKey:
+        reply->set_deleted(store.Delete(req->delete_key().key()));
+        break;
+      case v1::StoreRequest::kNumKeys:
+        reply->set_counter(store.NumKeys());
+        break;
+      default:
+        reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty store request"));
+        return reactor;
+    }
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+ private:
+  Coordinator* c_;
+};
+
+std::vector<double> StepRecord::SlotAccuracy() const {
+  std::vector<double> acc(slot_total.size(), 0.0);
+  for (size_t i = 0; i < acc.size(); ++i) {
+    if (slot_total[i] > 0) acc[i] = static_cast<double>(slot_correct[i]) / slot_total[i];
+  }
+  return acc;
+}
+
+double StepRecord::TauEstimate() const {
+  double tau = 1, run = 1;
+  for (double a : SlotAccuracy()) tau += (run *= a);
+  return tau;
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(JobConfig job) {
+  if (job.data.source != "shards") {
+    return absl::UnimplementedError(
+        "data.source 'target' (online hidden states) is not available yet; use 'shards'");
+  }
+  std::unique_ptr<Coordinator> c(new Coordinator());
+  c->job_ = std::move(job);
+  const JobConfig& j = c->job_;
+  FD_ASSIGN_OR_RETURN(c->source_, ShardSource::Open(j.data.shards_dir));
+  auto config_it = c->source_->metadata().find("drafter_config");
+  if (config_it == c->source_->metadata().end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(j.data.shards_dir,
+                     "/manifest.json: metadata has no \"drafter_config\" (the target's shape)"));
+  }
+  FD_ASSIGN_OR_RETURN(c->drafter_config_,
+                      ParseDrafterConfig(config_it->second, j.data.shards_dir + "/manifest.json"));
+  DrafterModelConfig& dc = c->drafter_config_;
+  dc.num_hidden_layers = j.drafter.num_hidden_layers;
+  dc.block_size = j.drafter.block_size;
+  if (j.drafter.intermediate_size > 0) dc.intermediate_size = j.drafter.intermediate_size;
+  if (j.drafter.mask_token_id >= 0) dc.mask_token_id = j.drafter.mask_token_id;
+  if (dc.feature_size() != c->source_->feature_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        j.data.shards_dir, ": shards hold features of width ", c->source_->feature_size(),
+        " but the drafter expects n·H = ", dc.feature_size()));
+  }
+  FD_ASSIGN_OR_RETURN(c->target_,
+                      SafetensorsModel::Open(j.data.shards_dir + "/target.safetensors"));
+  const std::vector<int64_t> table = {dc.vocab_size, dc.hidden_size};
+  FD_RETURN_IF_ERROR(c->target_->GetChecked("embed_tokens.weight", DType::kF32, table).status());
+  c->gamma_ = j.drafter.loss_decay_gamma > 0 ? j.drafter.loss_decay_gamma
+                                             : *DefaultLossDecayGamma(j.drafter.block_size);
+  SchedulerOptions so;
+  so.seed = j.train.seed;
+  so.global_batch_size = j.train.global_batch_size;
+  so.block_size = j.drafter.block_size;
+  so.max_anchors = j.drafter.max_anchors;
+  so.gamma = c->gamma_;
+  so.max_seq_len = j.data.max_seq_len;
+  c->scheduler_ = std::make_unique<Scheduler>(*c->source_, so);
+  c->world_size_ = j.cluster.min_workers;
+  c->total_steps_ = j.train.max_steps > 0
+                        ? j.train.max_steps
+                        : static_cast<int64_t>(c->scheduler_->steps_per_epoch()) * j.train.epochs;
+  c->warmup_steps_ = static_cast<int64_t>(std::llround(j.train.warmup_ratio * c->total_steps_));
+  std::error_code ec;
+  std::filesystem::create_directories(j.output_dir, ec);
+  c->steps_file_.open(j.output_dir + "/steps.jsonl", std::ios::trunc);
+  if (!c->steps_file_) {
+    return absl::InternalError(absl::StrCat("cannot write ", j.output_dir, "/steps.jsonl"));
+  }
+  return c;
+}
+
+Coordinator::~Coordinator() {
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+absl::Status Coordinator::Start() {
+  service_ = std::make_unique<CoordinatorServiceImpl>(this);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(job_.cluster.listen, grpc::InsecureServerCredentials(), &port_);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (!server_ || port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", job_.cluster.listen));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Coordinator::FrozenTensorNames() const {
+  std::vector<std::string> names = {"embed_tokens.weight"};
+  if (target_->Contains("lm_head.weight")) names.push_back("lm_head.weight");
+  return names;
+}
+
+void Coordinator::Join(const v1::JoinRequest& request, v1::JoinReply* reply) {
+  auto refuse = [&](std::string reason) {
+    reply->set_accepted(false);
+    reply->set_reason(reason);
+    LOG(WARNING) << "refused worker '" << request.worker_id() << "': " << reason;
+  };
+  if (request.protocol_version() != v1::PROTOCOL_VERSION_CURRENT) {
+    return refuse(absl::StrCat("protocol version ", request.protocol_version(),
+                               " is not this coordinator's version ",
+                               static_cast<int>(v1::PROTOCOL_VERSION_CURRENT)));
+  }
+  if (request.has_model_shape()) {
+    const v1::ModelShape& s = request.model_shape();
+    const DrafterModelConfig& d = drafter_config_;
+    const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
+        {"hidden_size", {s.hidden_size(), d.hidden_size}},
+        {"num_hidden_layers", {s.num_hidden_layers(), d.num_hidden_layers}},
+        {"num_attention_heads", {s.num_attention_heads(), d.num_attention_heads}},
+        {"num_key_value_heads", {s.num_key_value_heads(), d.num_key_value_heads}},
+        {"head_dim", {s.head_dim(), d.head_dim}},
+        {"intermediate_size", {s.intermediate_size(), d.intermediate_size}},
+        {"vocab_size", {s.vocab_size(), d.vocab_size}},
+        {"block_size", {s.block_size(), d.block_size}},
+    };
+    for (const auto& [name, values] : fields) {
+      if (values.first != values.second) {
+        return refuse(absl::StrCat("model shape differs from the job's: ", name, " ", values.first,
+                                   " != ", values.second));
+      }
+    }
+    if (!std::equal(s.target_layer_ids().begin(), s.target_layer_ids().end(),
+                    d.target_layer_ids.begin(), d.target_layer_ids.end())) {
+      return refuse("model shape differs from the job's: target_layer_ids");
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (next_rank_ >= world_size_) {
+    return refuse(absl::StrCat("the job is full (", world_size_, " workers)"));
+  }
+  const int rank = next_rank_++;
+  const std::string token = RandomToken();
+  tokens_[token] = rank;
+  reply->set_accepted(true);
+  reply->set_rank(rank);
+  reply->set_world_size(world_size_);
+  reply->set_membership_epoch(1);
+  reply->set_session_token(token);
+  reply->set_job_config_yaml(JobConfigToYaml(job_));
+  reply->set_store_prefix("epoch/1");
+  reply->set_drafter_config_json(DrafterConfigToJson(drafter_config_));
+  LOG(INFO) << "worker '" << request.worker_id() << "' (" << request.capability().hostname() << ", "
+            << request.capability().device() << ") joined as rank " << rank << "/" << world_size_;
+}
+
+bool Coordinator::ValidToken(const std::string& token) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tokens_.count(token) > 0;
+}
+
+int Coordinator::RankOfToken(const std::string& token) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tokens_.find(token);
+  return it == tokens_.end() ? -1 : it->second;
+}
+
+void Coordinator::SessionStarted(TrainSession* session, int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sessions_[rank] = session;
+  last_heartbeat_[rank] = Now();
+  cv_.notify_all();
+}
+
+void Coordinator::SessionEnded(TrainSession* session, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+    if (it->second == session) {
+      if (running_ && failure_.ok()) {
+        failure_ = absl::UnavailableError(absl::StrCat("worker rank ", it->first, " lost: ", why));
+      }
+      sessions_.erase(it);
+      break;
+    }
+  }
+  cv_.notify_all();
+}
+
+void Coordinator::OnAck(int rank, const v1::StepAck& ack) {
+  std::lock_guard<std::mutex> lock(mu_);
+  acks_[ack.step()][rank] = ack;
+  last_heartbeat_[rank] = Now();
+  cv_.notify_all();
+}
+
+void Coordinator::OnHeartbeat(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_heartbeat_[rank] = Now();
+}
+
+void Coordinator::OnWorkerError(int rank, const std::string& error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failure_.ok()) {
+    failure_ = absl::InternalError(absl::StrCat("worker rank ", rank, " failed: ", error));
+  }
+  cv_.notify_all();
+}
+
+void Coordinator::Abort(absl::Status reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failure_.ok()) failure_ = std::move(reason);
+  cv_.notify_all();
+}
+
+void Coordinator::FillStatus(v1::StatusReply* reply) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  reply->set_state(!failure_.ok() ? "failed" : running_ ? "training" : "waiting");
+  reply->set_step(committed_);
+  reply->set_total_steps(total_steps_);
+  reply->set_membership_epoch(1);
+  reply->set_world_size(static_cast<uint32_t>(sessions_.size()));
+  reply->set_loss(last_record_.loss);
+  reply->set_tau_estimate(last_record_.TauEstimate());
+}
+
+absl::Status Coordinator::SendStep(uint64_t step) {
+  const StepPlan plan = scheduler_->Plan(step, world_size_);
+  const double lr = ScheduledLearningRate(job_.train.learning_rate, warmup_steps_, total_steps_,
+                                          static_cast<int64_t>(step));
+  for (int rank = 0; rank < world_size_; ++rank) {
+    const MicrobatchPlan& mb = plan.microbatches[rank];
+    std::vector<std::shared_ptr<const v1::CoordinatorMessage>> messages;
+    auto header = std::make_shared<v1::CoordinatorMessage>();
+    v1::Microbatch* m = header->mutable_microbatch();
+    m->set_step(step);
+    m->set_membership_epoch(1);
+    m->set_rank(rank);
+    m->set_world_size(world_size_);
+    m->set_global_weight_sum(plan.global_weight_sum);
+    m->set_learning_rate(lr);
+    m->set_num_tensors(4);
+    messages.push_back(header);
+
+    // Right-padded [b, S] batch of this rank's samples, their features and anchors.
+    const int64_t b = static_cast<int64_t>(mb.samples.size());
+    int64_t s = 1;
+    for (int64_t len : mb.lengths) s = std::max(s, len);
+    const int64_t f = source_->feature_size();
+    const size_t fbytes = ElementSize(source_->feature_dtype());
+    std::vector<int64_t> ids(b * s, 0);
+    std::vector<uint8_t> mask(b * s, 0);
+    std::vector<uint8_t> feats(b * s * f * fbytes, 0);
+    std::vector<std::vector<int64_t>> anchors(b);
+    int64_t n = 1;
+    for (int64_t i = 0; i < b; ++i) {
+      FD_ASSIGN_OR_RETURN(Sample sample, source_->Get(mb.samples[i]));
+      scheduler_->Truncate(sample);
+      const int64_t len = sample.length();
+      std::copy(sample.input_ids.begin(), sample.input_ids.end(), ids.begin() + i * s);
+      for (int64_t t = 0; t < len; ++t) mask[i * s + t] = sample.loss_mask[t] != 0;
+      std::memcpy(feats.data() + i * s * f * fbytes, sample.features, len * f * fbytes);
+      anchors[i] = scheduler_->Anchors(sample, step);
+      n = std::max<int64_t>(n, static_cast<int64_t>(anchors[i].size()));
+    }
+    std::vector<int64_t> anchor_matrix(b * n, -1);
+    for (int64_t i = 0; i < b; ++i) {
+      std::copy(anchors[i].begin(), anchors[i].end(), anchor_matrix.begin() + i * n);
+    }
+    auto add_chunk = [&]() {
+      auto msg = std::make_shared<v1::CoordinatorMessage>();
+      messages.push_back(msg);
+      return msg->mutable_tensor_chunk();
+    };
+    FD_RETURN_IF_ERROR(AppendTensorChunks({"input_ids", DType::kI64, {b, s}}, ids.data(),
+                                          ids.size() * 8, kDefaultMaxChunkBytes, add_chunk));
+    FD_RETURN_IF_ERROR(AppendTensorChunks({"loss_mask", DType::kU8, {b, s}}, mask.data(),
+                                          mask.size(), kDefaultMaxChunkBytes, add_chunk));
+    FD_RETURN_IF_ERROR(AppendTensorChunks({"hidden_states", source_->feature_dtype(), {b, s, f}},
+                                          feats.data(), feats.size(), kDefaultMaxChunkBytes,
+                                          add_chunk));
+    FD_RETURN_IF_ERROR(AppendTensorChunks({"anchors", DType::kI64, {b, n}}, anchor_matrix.data(),
+                                          anchor_matrix.size() * 8, kDefaultMaxChunkBytes,
+                                          add_chunk));
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(rank);
+    if (it == sessions_.end()) {
+      return absl::UnavailableError(absl::StrCat("worker rank ", rank, " is gone"));
+    }
+    for (auto& msg : messages) it->second->Send(msg);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::WaitForAcks(uint64_t step) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    if (!failure_.ok()) return failure_;
+    if (static_cast<int>(acks_[step].size()) == world_size_) return absl::OkStatus();
+    const double now = Now();
+    for (const auto& [rank, seen] : last_heartbeat_) {
+      if (now - seen > job_.cluster.heartbeat_timeout_seconds) {
+        failure_ = absl::DeadlineExceededError(absl::StrFormat(
+            "worker rank %d lost: no message for %.0f s (heartbeat timeout)", rank, now - seen));
+        return failure_;
+      }
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(200));
+  }
+}
+
+StepRecord Coordinator::Aggregate(uint64_t step, double seconds) {
+  std::map<int, v1::StepAck> acks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    acks = std::move(acks_[step]);
+    acks_.erase(step);
+  }
+  StepRecord r;
+  r.step = step;
+  r.world_size = world_size_;
+  r.step_seconds = seconds;
+  r.learning_rate = ScheduledLearningRate(job_.train.learning_rate, warmup_steps_, total_steps_,
+                                          static_cast<int64_t>(step));
+  const size_t slots = static_cast<size_t>(job_.drafter.block_size - 1);
+  r.slot_correct.assign(slots, 0);
+  r.slot_total.assign(slots, 0);
+  for (const auto& [rank, ack] : acks) {
+    r.weighted_loss_sum += ack.weighted_loss_sum();
+    r.weight_sum += ack.weight_sum();
+    r.tokens += static_cast<int64_t>(ack.tokens());
+    for (size_t k = 0; k < slots && k < static_cast<size_t>(ack.slot_correct_size()); ++k) {
+      r.slot_correct[k] += ack.slot_correct(k);
+      r.slot_total[k] += ack.slot_total(k);
+    }
+    const v1::PhaseTimings& t = ack.timings();
+    r.wait_seconds += t.wait_seconds() / world_size_;
+    r.forward_seconds += t.forward_seconds() / world_size_;
+    r.backward_seconds += t.backward_seconds() / world_size_;
+    r.allreduce_seconds += t.allreduce_seconds() / world_size_;
+    r.optimizer_seconds += t.optimizer_seconds() / world_size_;
+    r.max_wait_seconds = std::max(r.max_wait_seconds, t.wait_seconds());
+  }
+  r.loss = r.weight_sum > 0 ? r.weighted_loss_sum / r.weight_sum : 0.0;
+  return r;
+}
+
+void Coordinator::WriteRecord(const StepRecord& r) {
+  nlohmann::json j = {{"step", r.step},
+                      {"loss", r.loss},
+                      {"tokens", r.tokens},
+                      {"world_size", r.world_size},
+                      {"tau_estimate", r.TauEstimate()},
+                      {"slot_accuracy", r.SlotAccuracy()},
+                      {"weight_sum", r.weight_sum},
+                      {"learning_rate", r.learning_rate},
+                      {"step_seconds", r.step_seconds},
+                      {"timings",
+                       {{"wait", r.wait_seconds},
+                        {"max_wait", r.max_wait_seconds},
+                        {"forward", r.forward_seconds},
+                        {"backward", r.backward_seconds},
+                        {"allreduce", r.allreduce_seconds},
+                        {"optimizer", r.optimizer_seconds}}}};
+  steps_file_ << j.dump() << "\n";
+  steps_file_.flush();
+}
+
+absl::Status Coordinator::Run() {
+  LOG(INFO) << "waiting for " << world_size_ << " worker(s) on port " << port_ << "; "
+            << source_->num_samples() << " samples, " << total_steps_ << " steps";
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration<double>(job_.cluster.join_timeout_seconds);
+    while (static_cast<int>(sessions_.size()) < world_size_ && failure_.ok()) {
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        failure_ = absl::DeadlineExceededError(
+            absl::StrCat("only ", sessions_.size(), " of ", world_size_, " workers joined within ",
+                         job_.cluster.join_timeout_seconds, " s"));
+      }
+    }
+    if (!failure_.ok()) return failure_;
+    running_ = true;
+  }
+  const int64_t prefetch = std::max(1, job_.data.prefetch_steps);
+  int64_t sent = 0;
+  const double start = Now();
+  double step_start = start;
+  absl::Status result;
+  for (int64_t step = 0; step < total_steps_; ++step) {
+    // Keep `prefetch` steps queued at every worker so none waits on the source.
+    while (sent < total_steps_ && sent <= step + prefetch) {
+      result = SendStep(static_cast<uint64_t>(sent++));
+      if (!result.ok()) break;
+    }
+    if (result.ok()) result = WaitForAcks(step);
+    if (!result.ok()) break;
+    auto commit = std::make_shared<v1::CoordinatorMessage>();
+    commit->mutable_commit()->set_step(step);
+    commit->mutable_commit()->set_membership_epoch(1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [rank, session] : sessions_) session->Send(commit);
+    }
+    const double now = Now();
+    StepRecord r = Aggregate(step, now - step_start);
+    step_start = now;
+    WriteRecord(r);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      committed_ = step + 1;
+      last_record_ = r;
+    }
+    const double elapsed = now - start;
+    const double eta = elapsed / (step + 1) * (total_steps_ - step - 1);
+    if ((step + 1) % 10 == 0 || step == 0 || step + 1 == total_steps_) {
+      LOG(INFO) << absl::StrFormat(
+          "step %d/%d  loss %.4f  tau %.3f  acc@1 %.3f  %.0f tok/s  wait %.1f%%  ETA %.0fs",
+          step + 1, total_steps_, r.loss, r.TauEstimate(),
+          r.SlotAccuracy().empty() ? 0.0 : r.SlotAccuracy()[0],
+          r.tokens / std::max(1e-9, r.step_seconds),
+          100.0 * r.max_wait_seconds / std::max(1e-9, r.step_seconds), eta);
+    }
+  }
+  auto shutdown = std::make_shared<v1::CoordinatorMessage>();
+  shutdown->mutable_shutdown()->set_reason(result.ok() ? "job finished"
+                                                       : std::string(result.message()));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = false;
+    for (auto& [rank, session] : sessions_) {
+      session->Send(shutdown);
+      session->FinishAfterWrites(grpc::Status::OK);
+    }
+  }
+  if (result.ok()) LOG(INFO) << "job finished: " << total_steps_ << " steps";
+  return result;
+}
+
+}  // namespace flashdraft

@@ -1,0 +1,123 @@
+// The coordinator process (DESIGN.md §2): owns the data, the schedule, the membership and the step
+// protocol; serves the flashdraft.v1.Coordinator gRPC service (callback API, one reactor per
+// stream, one write in flight per stream, no blocking inside reactions).
+#pragma once
+
+#include <condition_variable>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/job_config.h"
+#include "common/safetensors.h"
+#include "coordinator/rendezvous_store.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/sources/shard_source.h"
+#include "flashdraft/v1/coordinator.pb.h"
+#include "model/drafter_config.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace flashdraft {
+
+class TrainSession;
+
+// Per-step aggregate written to steps.jsonl.
+struct StepRecord {
+  uint64_t step = 0;
+  double loss = 0;
+  double weighted_loss_sum = 0;
+  double weight_sum = 0;
+  int64_t tokens = 0;
+  int world_size = 0;
+  std::vector<uint64_t> slot_correct, slot_total;
+  double wait_seconds = 0, forward_seconds = 0, backward_seconds = 0, allreduce_seconds = 0,
+         optimizer_seconds = 0;  // mean over ranks
+  double max_wait_seconds = 0;
+  double step_seconds = 0;
+  double learning_rate = 0;
+
+  std::vector<double> SlotAccuracy() const;
+  double TauEstimate() const;
+};
+
+class Coordinator {
+ public:
+  // Opens the data (job.data.shards_dir: manifest, shards, target.safetensors) and plans the job.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(JobConfig job);
+  ~Coordinator();
+
+  // Starts the gRPC server on job.cluster.listen; port() is the bound port afterwards.
+  absl::Status Start();
+  int port() const { return port_; }
+
+  // Waits for the workers, trains job.train.max_steps steps, sends Shutdown. Returns the job
+  // result.
+  absl::Status Run();
+  // Ends Run() early with `reason` (signal, fatal error); safe from any thread.
+  void Abort(absl::Status reason);
+
+  int64_t total_steps() const { return total_steps_; }
+  const DrafterModelConfig& drafter_config() const { return drafter_config_; }
+
+  // --- called by the gRPC reactors (never block) ---
+  // Fills `reply`: admitted with a rank, or refused with a reason.
+  void Join(const v1::JoinRequest& request, v1::JoinReply* reply);
+  bool ValidToken(const std::string& token) const;
+  int RankOfToken(const std::string& token) const;
+  void SessionStarted(TrainSession* session, int rank);
+  void SessionEnded(TrainSession* session, const std::string& why);
+  void OnAck(int rank, const v1::StepAck& ack);
+  void OnHeartbeat(int rank);
+  void OnWorkerError(int rank, const std::string& error);
+  RendezvousStore& store() { return store_; }
+  const SafetensorsModel& target() const { return *target_; }
+  std::vector<std::string> FrozenTensorNames() const;
+  void FillStatus(v1::StatusReply* reply) const;
+
+  std::string job_yaml() const { return JobConfigToYaml(job_); }
+  std::string drafter_config_json() const { return DrafterConfigToJson(drafter_config_); }
+  int world_size() const { return world_size_; }
+
+ private:
+  Coordinator() = default;
+  absl::Status SendStep(uint64_t step);
+  absl::Status WaitForAcks(uint64_t step);
+  StepRecord Aggregate(uint64_t step, double seconds);
+  void WriteRecord(const StepRecord& r);
+
+  JobConfig job_;
+  DrafterModelConfig drafter_config_;
+  std::unique_ptr<ShardSource> source_;
+  std::unique_ptr<SafetensorsModel> target_;
+  std::unique_ptr<Scheduler> scheduler_;
+  double gamma_ = 7.0;
+  int world_size_ = 1;
+  int64_t total_steps_ = 0;
+  int64_t warmup_steps_ = 0;
+  RendezvousStore store_;
+  std::unique_ptr<class CoordinatorServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::ofstream steps_file_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int next_rank_ = 0;
+  std::map<std::string, int> tokens_;                    // session token -> rank
+  std::map<int, TrainSession*> sessions_;                // live Train streams by rank
+  std::map<int, double> last_heartbeat_;                 // rank -> monotonic seconds
+  std::map<uint64_t, std::map<int, v1::StepAck>> acks_;  // step -> rank -> ack
+  absl::Status failure_;
+  uint64_t committed_ = 0;
+  StepRecord last_record_;
+  bool running_ = false;
+};
+
+}  // namespace flashdraft

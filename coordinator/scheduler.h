@@ -1,0 +1,73 @@
+// The coordinator's schedule (DESIGN.md §2): global step s takes the next global batch in the
+// (seed, epoch) order, drops samples with fewer than 2·B loss tokens, truncates to max_seq_len,
+// packs the batch into W token-balanced microbatches, draws every sample's anchors from (seed,
+// step, sample) and computes Σw. Everything is a pure function of (seed, step, W) and the data, so
+// any step can be planned again verbatim (re-issue, resume) and the loss does not depend on W.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "coordinator/sources/hidden_state_source.h"
+#include "model/anchors.h"
+
+namespace flashdraft {
+
+struct SchedulerOptions {
+  uint64_t seed = 0;
+  int64_t global_batch_size = 8;
+  int64_t block_size = 16;
+  int64_t max_anchors = 512;
+  double gamma = 7.0;
+  int64_t max_seq_len = 3072;
+};
+
+struct MicrobatchPlan {
+  std::vector<uint64_t> samples;  // source indices, in the order they are batched
+  std::vector<int64_t> lengths;   // after truncation
+  int64_t tokens = 0;             // Σ lengths
+  double weight_sum = 0;          // Σw of this microbatch
+};
+
+struct StepPlan {
+  uint64_t step = 0;
+  uint64_t epoch = 0;
+  double global_weight_sum = 0;
+  int64_t tokens = 0;
+  std::vector<MicrobatchPlan> microbatches;  // one per rank
+};
+
+// Longest-processing-time bin packing: items sorted by size (ties by index), each to the lightest
+// bin (ties to the lowest bin). Returns item indices per bin, each bin in ascending item order.
+std::vector<std::vector<size_t>> PackByTokens(const std::vector<int64_t>& sizes, int bins);
+
+// Σ over anchors and slots k = 1..B-1 of [a+k < S] · loss_mask[a+k] · exp(-(k-1)/γ); anchors < 0
+// are empty slots.
+double AnchorWeightSum(const std::vector<int64_t>& loss_mask, const int64_t* anchors, int64_t count,
+                       int64_t block_size, double gamma);
+
+class Scheduler {
+ public:
+  Scheduler(const HiddenStateSource& source, SchedulerOptions options);
+
+  StepPlan Plan(uint64_t step, int world_size) const;
+  // Anchors of one sample at one step (what the worker gets), after truncation.
+  std::vector<int64_t> Anchors(const Sample& sample, uint64_t step) const;
+  uint64_t steps_per_epoch() const;
+  const SchedulerOptions& options() const { return options_; }
+
+  // Truncates a sample to max_seq_len in place.
+  void Truncate(Sample& sample) const;
+
+ private:
+  uint64_t SampleAt(uint64_t position, uint64_t* epoch) const;
+
+  const HiddenStateSource& source_;
+  SchedulerOptions options_;
+  mutable std::mutex mu_;
+  mutable uint64_t cached_epoch_ = UINT64_MAX;
+  mutable std::vector<uint64_t> permutation_;
+};
+
+}  // namespace flashdraft

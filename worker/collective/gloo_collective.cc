@@ -1,0 +1,81 @@
+#include "worker/collective/gloo_collective.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace flashdraft {
+namespace {
+
+// Runs a c10d call and waits for it, turning exceptions (timeouts, peers gone) into a Status.
+template <typename Fn>
+absl::Status RunWork(const char* what, Fn fn) {
+  try {
+    c10::intrusive_ptr<c10d::Work> work = fn();
+    work->wait();
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("gloo ", what, " failed: ", e.what()));
+  }
+}
+
+// One contiguous buffer per call: a single collective instead of one per parameter.
+torch::Tensor Flatten(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> flat;
+  flat.reserve(tensors.size());
+  for (const auto& t : tensors) flat.push_back(t.reshape(-1));
+  return torch::cat(flat);
+}
+
+void Unflatten(const torch::Tensor& buffer, const std::vector<torch::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (const auto& t : tensors) {
+    const int64_t n = t.numel();
+    t.copy_(buffer.narrow(0, offset, n).view_as(t));
+    offset += n;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(
+    c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, const GlooOptions& options) {
+  auto c = std::unique_ptr<GlooCollective>(new GlooCollective());
+  c->rank_ = rank;
+  c->world_size_ = world_size;
+  try {
+    auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    opts->devices.push_back(
+        options.interface.empty()
+            ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+            : c10d::ProcessGroupGloo::createDeviceForInterface(options.interface));
+    c->group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot form the Gloo process group (rank ", rank,
+                                               " of ", world_size, "): ", e.what()));
+  }
+  return c;
+}
+
+absl::Status GlooCollective::AllReduceSum(const std::vector<torch::Tensor>& tensors) {
+  if (tensors.empty() || world_size_ == 1) return absl::OkStatus();
+  std::vector<torch::Tensor> buffer = {Flatten(tensors)};
+  absl::Status s = RunWork("allreduce", [&] { return group_->allreduce(buffer); });
+  if (s.ok()) Unflatten(buffer[0], tensors);
+  return s;
+}
+
+absl::Status GlooCollective::Broadcast(const std::vector<torch::Tensor>& tensors, int root) {
+  if (tensors.empty() || world_size_ == 1) return absl::OkStatus();
+  std::vector<torch::Tensor> buffer = {Flatten(tensors)};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  absl::Status s = RunWork("broadcast", [&] { return group_->broadcast(buffer, opts); });
+  if (s.ok()) Unflatten(buffer[0], tensors);
+  return s;
+}
+
+absl::Status GlooCollective::Barrier() {
+  if (world_size_ == 1) return absl::OkStatus();
+  return RunWork("barrier", [&] { return group_->barrier(); });
+}
+
+}  // namespace flashdraft

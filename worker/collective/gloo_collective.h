@@ -1,0 +1,36 @@
+// Collective over c10d::ProcessGroupGloo.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "absl/status/statusor.h"
+#include "worker/collective/collective.h"
+
+namespace flashdraft {
+
+struct GlooOptions {
+  std::chrono::milliseconds timeout{300000};
+  // Network interface for collective traffic; empty: loopback (all ranks on this machine).
+  std::string interface;
+};
+
+class GlooCollective : public Collective {
+ public:
+  static absl::StatusOr<std::unique_ptr<GlooCollective>> Create(
+      c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, const GlooOptions& options);
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  absl::Status AllReduceSum(const std::vector<torch::Tensor>& tensors) override;
+  absl::Status Broadcast(const std::vector<torch::Tensor>& tensors, int root) override;
+  absl::Status Barrier() override;
+
+ private:
+  GlooCollective() = default;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  int rank_ = 0, world_size_ = 1;
+};
+
+}  // namespace flashdraft

@@ -1,0 +1,25 @@
+// flashdraft-worker --coordinator HOST:PORT [--id NAME] [--threads N]
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "common/logging.h"
+#include "worker/worker.h"
+
+int main(int argc, char** argv) {
+  flashdraft::InitLogging(argv[0]);
+  CLI::App app{"flashdraft worker: trains the drafter on microbatches from the coordinator"};
+  flashdraft::WorkerOptions options;
+  app.add_option("--coordinator", options.coordinator, "coordinator address host:port")->required();
+  app.add_option("--id", options.worker_id, "worker name (default host:pid)");
+  app.add_option("--threads", options.threads, "intra-op threads")->capture_default_str();
+  app.add_option("--connect-timeout", options.connect_timeout_seconds,
+                 "seconds to wait for the coordinator")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  absl::Status s = flashdraft::RunWorker(options);
+  if (!s.ok()) {
+    std::cerr << "flashdraft-worker: error: " << s.message() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,350 @@
+#include "worker/worker.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/job_config.h"
+#include "common/status_macros.h"
+#include "common/tensor_codec.h"
+#include "flashdraft/v1/coordinator.grpc.pb.h"
+#include "glog/logging.h"
+#include "model/trainer.h"
+#include "model/wire_tensor.h"
+#include "worker/collective/gloo_collective.h"
+#include "worker/grpc_store.h"
+
+namespace flashdraft {
+namespace {
+
+constexpr int kMaxMessageBytes = 64 << 20;
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// What the reader thread hands the training thread.
+struct Item {
+  enum Kind { kBatch, kCommit, kShutdown, kError } kind;
+  v1::Microbatch header;
+  std::map<std::string, torch::Tensor> tensors;
+  uint64_t step = 0;
+  std::string text;
+};
+
+class ItemQueue {
+ public:
+  void Push(Item item) {
+    std::lock_guard<std::mutex> lock(mu_);
+    items_.push_back(std::move(item));
+    cv_.notify_one();
+  }
+  Item Pop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !items_.empty(); });
+    Item item = std::move(items_.front());
+    items_.pop_front();
+    return item;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> items_;
+};
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> FetchFrozen(v1::Coordinator::Stub& stub,
+                                                                 const std::string& token) {
+  grpc::ClientContext ctx;
+  v1::FetchTensorsRequest request;
+  request.set_session_token(token);
+  auto reader = stub.FetchTensors(&ctx, request);
+  std::map<std::string, torch::Tensor> out;
+  TorchTensorSink sink;
+  TensorAssembler assembler(sink.allocator());
+  v1::TensorChunk chunk;
+  while (reader->Read(&chunk)) {
+    FD_RETURN_IF_ERROR(assembler.Add(chunk));
+    if (assembler.complete()) {
+      out[assembler.spec().name] = sink.tensor;
+      assembler.Reset();
+    }
+  }
+  FD_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  if (assembler.started()) return absl::DataLossError("FetchTensors ended inside a tensor");
+  return out;
+}
+
+}  // namespace
+
+absl::Status RunWorker(const WorkerOptions& o) {
+  torch::set_num_threads(o.threads);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  auto channel = grpc::CreateCustomChannel(o.coordinator, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<v1::Coordinator::Stub> stub = v1::Coordinator::NewStub(channel);
+
+  // --- Join ---
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  v1::JoinRequest join;
+  join.set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  join.set_worker_id(o.worker_id.empty() ? absl::StrCat(host, ":", getpid()) : o.worker_id);
+  join.mutable_capability()->set_hostname(host);
+  join.mutable_capability()->set_device("cpu");
+  join.mutable_capability()->set_backend("gloo");
+  join.mutable_capability()->set_intra_op_threads(o.threads);
+  v1::JoinReply reply;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_wait_for_ready(true);
+    ctx.set_deadline(
+        std::chrono::system_clock::now() +
+        std::chrono::milliseconds(static_cast<int64_t>(o.connect_timeout_seconds * 1000)));
+    grpc::Status s = stub->Join(&ctx, join, &reply);
+    if (!s.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot join the coordinator at ", o.coordinator, ": ", s.error_message()));
+    }
+  }
+  if (!reply.accepted()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("refused by the coordinator: ", reply.reason()));
+  }
+  FD_ASSIGN_OR_RETURN(JobConfig job,
+                      ParseJobConfig(reply.job_config_yaml(), "the coordinator's job"));
+  FD_ASSIGN_OR_RETURN(
+      DrafterModelConfig config,
+      ParseDrafterConfig(reply.drafter_config_json(), "the coordinator's drafter config"));
+  const int rank = static_cast<int>(reply.rank()), world = static_cast<int>(reply.world_size());
+  const std::string token = reply.session_token();
+  LOG(INFO) << "joined as rank " << rank << "/" << world;
+
+  // --- Collective, rendezvous over the coordinator's store ---
+  const auto timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(job.cluster.collective_timeout_seconds * 1000));
+  auto store = c10::make_intrusive<GrpcStore>(stub, token, timeout);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(reply.store_prefix(), store);
+  GlooOptions gloo;
+  gloo.timeout = timeout;
+  gloo.interface = job.cluster.collective_interface;
+  FD_ASSIGN_OR_RETURN(std::unique_ptr<GlooCollective> collective,
+                      GlooCollective::Create(prefixed, rank, world, gloo));
+
+  // --- Model: frozen target tensors from the coordinator, weights from rank 0 ---
+  FD_ASSIGN_OR_RETURN(auto frozen, FetchFrozen(*stub, token));
+  if (!frozen.count("embed_tokens.weight")) {
+    return absl::DataLossError("the coordinator sent no embed_tokens.weight");
+  }
+  Drafter drafter(config);
+  drafter->InitWeights(job.train.seed);
+  drafter->SetFrozen(frozen["embed_tokens.weight"], frozen.count("lm_head.weight")
+                                                        ? frozen["lm_head.weight"]
+                                                        : frozen["embed_tokens.weight"]);
+  std::vector<torch::Tensor> params = drafter->parameters();
+  {
+    torch::NoGradGuard no_grad;
+    FD_RETURN_IF_ERROR(collective->Broadcast(params, 0));
+  }
+  OptimizerOptions opt;
+  opt.learning_rate = job.train.learning_rate;
+  opt.beta1 = job.train.adam_beta1;
+  opt.beta2 = job.train.adam_beta2;
+  opt.eps = job.train.adam_eps;
+  opt.weight_decay = job.train.weight_decay;
+  opt.grad_clip_norm = job.train.grad_clip_norm;
+  DrafterTrainer trainer(drafter, opt);
+  const double gamma = job.drafter.loss_decay_gamma > 0
+                           ? job.drafter.loss_decay_gamma
+                           : DefaultLossDecayGamma(job.drafter.block_size).value_or(7.0);
+
+  // --- The Train stream: a reader thread, a heartbeat thread, this training thread ---
+  grpc::ClientContext stream_ctx;
+  auto stream = stub->Train(&stream_ctx);
+  std::mutex write_mu;
+  auto write = [&](v1::WorkerMessage m) {
+    m.set_worker_id(join.worker_id());
+    m.set_session_token(token);
+    std::lock_guard<std::mutex> lock(write_mu);
+    return stream->Write(m);
+  };
+  {
+    v1::WorkerMessage hello;
+    hello.mutable_heartbeat()->set_unix_millis(0);
+    if (!write(hello)) return absl::UnavailableError("the coordinator closed the Train stream");
+  }
+  ItemQueue queue;
+  std::thread reader([&] {
+    v1::CoordinatorMessage msg;
+    Item pending;
+    uint32_t remaining = 0;
+    TorchTensorSink sink;
+    TensorAssembler assembler(sink.allocator());
+    while (stream->Read(&msg)) {
+      switch (msg.kind_case()) {
+        case v1::CoordinatorMessage::kMicrobatch:
+          pending = Item{Item::kBatch, msg.microbatch(), {}, msg.microbatch().step(), ""};
+          remaining = msg.microbatch().num_tensors();
+          break;
+        case v1::CoordinatorMessage::kTensorChunk: {
+          absl::Status s = assembler.Add(msg.tensor_chunk());
+          if (!s.ok()) {
+            queue.Push(Item{Item::kError, {}, {}, 0, std::string(s.message())});
+            return;
+          }
+          if (assembler.complete()) {
+            pending.tensors[assembler.spec().name] = sink.tensor;
+            assembler.Reset();
+            if (--remaining == 0) queue.Push(std::move(pending));
+          }
+          break;
+        }
+        case v1::CoordinatorMessage::kCommit:
+          queue.Push(Item{Item::kCommit, {}, {}, msg.commit().step(), ""});
+          break;
+        case v1::CoordinatorMessage::kShutdown:
+          queue.Push(Item{Item::kShutdown, {}, {}, 0, msg.shutdown().reason()});
+          return;
+        default:
+          break;
+      }
+    }
+    queue.Push(Item{Item::kError, {}, {}, 0, "the coordinator closed the Train stream"});
+  });
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+  bool stop = false;
+  std::thread heartbeat([&] {
+    const auto interval = std::chrono::milliseconds(
+        static_cast<int64_t>(job.cluster.heartbeat_interval_seconds * 1000));
+    std::unique_lock<std::mutex> lock(stop_mu);
+    while (!stop_cv.wait_for(lock, interval, [&] { return stop; })) {
+      v1::WorkerMessage m;
+      m.mutable_heartbeat()->set_unix_millis(
+          std::chrono::duration_cast<std::chrono::milliseconds>(
+              std::chrono::system_clock::now().time_since_epoch())
+              .count());
+      write(m);
+    }
+  });
+
+  absl::Status result;
+  std::deque<Item> batches;
+  double last_optimizer_seconds = 0;
+  bool done = false;
+  while (!done && result.ok()) {
+    auto wait_start = Clock::now();
+    Item item;
+    if (!batches.empty()) {
+      item = std::move(batches.front());
+      batches.pop_front();
+    } else {
+      item = queue.Pop();
+    }
+    const double wait = Since(wait_start);
+    if (item.kind == Item::kShutdown) {
+      LOG(INFO) << "shutdown: " << item.text;
+      break;
+    }
+    if (item.kind == Item::kError) {
+      result = absl::UnavailableError(item.text);
+      break;
+    }
+    if (item.kind != Item::kBatch) continue;
+    const v1::Microbatch& h = item.header;
+    v1::StepAck ack;
+    ack.set_step(h.step());
+    ack.set_membership_epoch(h.membership_epoch());
+    DrafterBatch batch{item.tensors["input_ids"], item.tensors["loss_mask"],
+                       item.tensors["hidden_states"], item.tensors["anchors"]};
+    auto t = Clock::now();
+    double forward = 0, backward = 0;
+    if (batch.input_ids.defined() && batch.input_ids.size(0) > 0) {
+      DrafterLossResult r = drafter->Loss(batch, gamma, h.global_weight_sum());
+      forward = Since(t);
+      t = Clock::now();
+      r.loss.backward();
+      backward = Since(t);
+      ack.set_weighted_loss_sum(r.weighted_ce_sum);
+      ack.set_weight_sum(r.weight_sum);
+      ack.set_tokens(r.tokens);
+      for (size_t k = 0; k < r.slot_total.size(); ++k) {
+        ack.add_slot_correct(r.slot_correct[k]);
+        ack.add_slot_total(r.slot_total[k]);
+      }
+    }
+    // Every rank reduces every gradient, an empty microbatch contributing zeros.
+    std::vector<torch::Tensor> grads;
+    for (auto& p : params) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      grads.push_back(p.grad());
+    }
+    t = Clock::now();
+    result = collective->AllReduceSum(grads);
+    if (!result.ok()) break;
+    v1::PhaseTimings* timings = ack.mutable_timings();
+    timings->set_wait_seconds(wait);
+    timings->set_forward_seconds(forward);
+    timings->set_backward_seconds(backward);
+    timings->set_allreduce_seconds(Since(t));
+    timings->set_optimizer_seconds(last_optimizer_seconds);  // the previous step's
+    v1::WorkerMessage m;
+    *m.mutable_ack() = ack;
+    if (!write(m)) {
+      result = absl::UnavailableError("the coordinator closed the Train stream");
+      break;
+    }
+    // Only the commit makes the step real (DESIGN.md §2): until then gradients stay aside.
+    while (true) {
+      Item next = queue.Pop();
+      if (next.kind == Item::kBatch) {
+        batches.push_back(std::move(next));
+      } else if (next.kind == Item::kCommit && next.step == h.step()) {
+        t = Clock::now();
+        trainer.ApplyWithLearningRate(h.learning_rate());
+        last_optimizer_seconds = Since(t);
+        break;
+      } else if (next.kind == Item::kShutdown) {
+        trainer.DiscardGradients();
+        LOG(INFO) << "shutdown before commit of step " << h.step() << ": " << next.text;
+        done = true;
+        break;
+      } else if (next.kind == Item::kError) {
+        result = absl::UnavailableError(next.text);
+        break;
+      }
+    }
+  }
+  if (!result.ok()) {
+    v1::WorkerMessage m;
+    m.set_error(std::string(result.message()));
+    write(m);
+  }
+  {
+    std::lock_guard<std::mutex> lock(stop_mu);
+    stop = true;
+  }
+  stop_cv.notify_all();
+  heartbeat.join();
+  {
+    std::lock_guard<std::mutex> lock(write_mu);
+    stream->WritesDone();
+  }
+  if (!result.ok()) stream_ctx.TryCancel();
+  reader.join();
+  stream->Finish();
+  return result;
+}
+
+}  // namespace flashdraft

@@ -1,0 +1,22 @@
+// The worker process (DESIGN.md §2): joins the coordinator, forms the Gloo group through the
+// coordinator's store, fetches the frozen target tensors, then trains on one thread: microbatch in,
+// forward + backward, all-reduce, ack, wait for the commit, optimizer step. gRPC threads only move
+// bytes into a queue.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace flashdraft {
+
+struct WorkerOptions {
+  std::string coordinator = "127.0.0.1:7600";
+  std::string worker_id;
+  int threads = 1;
+  double connect_timeout_seconds = 60;
+};
+
+absl::Status RunWorker(const WorkerOptions& options);
+
+}  // namespace flashdraft
