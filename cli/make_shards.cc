@@ -1,6 +1,7 @@
 #include "cli/make_shards.h"
 
 #include <cstdio>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
@@ -16,6 +17,9 @@ absl::Status MakeShards(const MakeShardsOptions& o) {
     return absl::InvalidArgumentError(
         "need --out, samples >= 1, seq >= 16, vocab >= 4, hidden a multiple of 32, features >= 1");
   }
+  std::error_code ec;
+  std::filesystem::create_directories(o.out, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", o.out, ": ", ec.message()));
   const SyntheticLanguage lang =
       MakeSyntheticLanguage(o.vocab_size, o.num_features * o.hidden_size, o.noise, o.seed);
   ShardWriter writer(o.out, lang.feature_size, DType::kBF16, o.samples_per_shard);

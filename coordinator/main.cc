@@ -28,6 +28,14 @@ int main(int argc, char** argv) {
   app.add_option("--port-file", port_file, "write the bound port here once listening");
   CLI11_PARSE(app, argc, argv);
 
+  // SIGINT/SIGTERM end the job cleanly: blocked here, before gRPC starts any thread (threads
+  // inherit the mask), and turned into Abort() by a waiter thread below.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
   absl::StatusOr<flashdraft::JobConfig> job = flashdraft::LoadJobConfig(job_path);
   if (!job.ok()) return Fail(job.status());
   for (const std::string& o : overrides) {
@@ -45,12 +53,6 @@ int main(int argc, char** argv) {
   }
   std::cout << "listening on port " << (*coordinator)->port() << std::endl;
 
-  // SIGINT/SIGTERM end the job cleanly: a waiter thread turns the signal into Abort().
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   flashdraft::Coordinator* c = coordinator->get();
   std::thread([signals, c]() mutable {
     int sig = 0;

@@ -1,0 +1,260 @@
+// The distributed system as users run it: real coordinator and worker processes, real gRPC on
+// loopback (port 0), real Gloo.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "flashdraft/v1/coordinator.grpc.pb.h"
+#include "tests/support/test_util.h"
+
+namespace flashdraft {
+namespace {
+
+using ::flashdraft::testing::RunCommand;
+using ::flashdraft::testing::ShellQuote;
+using ::flashdraft::testing::TempDir;
+using ::testing::HasSubstr;
+
+const std::string kBin = FLASHDRAFT_BIN_DIR;
+
+std::string JobYaml(const std::string& shards, const std::string& out, int steps) {
+  return absl::StrCat(R"(
+name: test
+output_dir: )",
+                      out, R"(
+drafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, max_anchors: 8}
+data: {source: shards, shards_dir: )",
+                      shards, R"(, max_seq_len: 64}
+train: {seed: 1, learning_rate: 0.01, max_steps: )",
+                      steps, R"(, global_batch_size: 6}
+cluster: {heartbeat_interval_seconds: 1, heartbeat_timeout_seconds: 60, join_timeout_seconds: 60, collective_timeout_seconds: 60}
+)");
+}
+
+std::vector<nlohmann::json> ReadSteps(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+class DistributedTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    auto r = RunCommand(absl::StrCat(kBin, "/flashdraft make-shards --out ", dir_->Join("shards"),
+                                     " --samples 96 --seq 64 --vocab 48 --hidden 32 --seed 2"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ASSERT_TRUE(WriteFileAtomically(dir_->Join("job.yaml"),
+                                    JobYaml(dir_->Join("shards"), dir_->Join("run"), 30))
+                    .ok());
+    for (int workers : {1, 2}) {
+      auto run = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir_->Join("job.yaml"),
+                                         " --workers ", workers, " --out ",
+                                         dir_->Join(absl::StrCat("run", workers))));
+      outputs_[workers] = run.output;
+      exit_codes_[workers] = run.exit_code;
+    }
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static TempDir* dir_;
+  static std::map<int, std::string> outputs_;
+  static std::map<int, int> exit_codes_;
+};
+TempDir* DistributedTest::dir_ = nullptr;
+std::map<int, std::string> DistributedTest::outputs_;
+std::map<int, int> DistributedTest::exit_codes_;
+
+TEST_F(DistributedTest, TwoWorkerProcessesTrainAndTheLossFalls) {
+  ASSERT_EQ(exit_codes_[2], 0) << outputs_[2];
+  EXPECT_THAT(outputs_[2], HasSubstr("[coordinator]"));
+  EXPECT_THAT(outputs_[2], HasSubstr("[worker-1   ] "));
+  EXPECT_THAT(outputs_[2], HasSubstr("job finished: 30 steps"));
+  auto steps = ReadSteps(dir_->Join("run2/steps.jsonl"));
+  ASSERT_EQ(steps.size(), 30u);
+  double first = 0, last = 0;
+  for (int i = 0; i < 5; ++i) {
+    first += steps[i]["loss"].get<double>() / 5;
+    last += steps[25 + i]["loss"].get<double>() / 5;
+  }
+  EXPECT_LT(last, 0.8 * first) << "first " << first << " last " << last;
+  for (const auto& s : steps) {
+    EXPECT_EQ(s["world_size"], 2);
+    EXPECT_GT(s["tokens"].get<int64_t>(), 0);
+    EXPECT_EQ(s["slot_accuracy"].size(), 7u);
+    EXPECT_TRUE(s.contains("tau_estimate"));
+    EXPECT_TRUE(s["timings"].contains("allreduce"));
+  }
+  // Logs kept per process.
+  EXPECT_TRUE(ReadFile(dir_->Join("run2/logs/worker-0.log")).ok());
+}
+
+TEST_F(DistributedTest, LossDoesNotDependOnTheNumberOfWorkers) {
+  ASSERT_EQ(exit_codes_[1], 0) << outputs_[1];
+  ASSERT_EQ(exit_codes_[2], 0) << outputs_[2];
+  auto one = ReadSteps(dir_->Join("run1/steps.jsonl"));
+  auto two = ReadSteps(dir_->Join("run2/steps.jsonl"));
+  ASSERT_GE(one.size(), 20u);
+  ASSERT_GE(two.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) {
+    const double a = one[i]["loss"].get<double>(), b = two[i]["loss"].get<double>();
+    EXPECT_LE(std::abs(a - b), 1e-4 * std::abs(a)) << "step " << i << ": " << a << " vs " << b;
+    EXPECT_EQ(one[i]["tokens"], two[i]["tokens"]) << "step " << i;
+  }
+}
+
+// A coordinator process on port 0 for protocol-level tests.
+class CoordinatorProcess {
+ public:
+  explicit CoordinatorProcess(const std::string& job) {
+    port_file_ = job + ".port";
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int devnull = open("/dev/null", O_WRONLY);
+      dup2(devnull, STDERR_FILENO);
+      execl((kBin + "/flashdraft-coordinator").c_str(), "flashdraft-coordinator", "--job",
+            job.c_str(), "--port-file", port_file_.c_str(), nullptr);
+      _exit(127);
+    }
+    for (int i = 0; i < 600 && port_ == 0; ++i) {
+      std::ifstream in(port_file_);
+      if (!(in >> port_)) port_ = 0;
+      if (port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  ~CoordinatorProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  // Sends SIGTERM and returns the exit code.
+  int Terminate() {
+    kill(pid_, SIGTERM);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  int port() const { return port_; }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::string port_file_;
+};
+
+TEST_F(DistributedTest, JoinRefusesOtherProtocolVersionsAndModelShapes) {
+  CoordinatorProcess coordinator(dir_->Join("job.yaml"));
+  ASSERT_GT(coordinator.port(), 0);
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", coordinator.port()), grpc::InsecureChannelCredentials()));
+  auto join = [&](const v1::JoinRequest& request) {
+    grpc::ClientContext ctx;
+    v1::JoinReply reply;
+    EXPECT_TRUE(stub->Join(&ctx, request, &reply).ok());
+    return reply;
+  };
+  v1::JoinRequest old;
+  old.set_protocol_version(99);
+  old.set_worker_id("old");
+  v1::JoinReply r = join(old);
+  EXPECT_FALSE(r.accepted());
+  EXPECT_THAT(r.reason(), HasSubstr("protocol version 99 is not this coordinator's version 1"));
+
+  v1::JoinRequest shaped;
+  shaped.set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  shaped.mutable_model_shape()->set_hidden_size(7);
+  r = join(shaped);
+  EXPECT_FALSE(r.accepted());
+  EXPECT_THAT(r.reason(), HasSubstr("model shape differs from the job's: hidden_size 7 != 32"));
+
+  // An unknown session token gets nothing from the store.
+  grpc::ClientContext ctx;
+  v1::StoreRequest store;
+  store.set_session_token("forged");
+  store.mutable_get()->set_key("x");
+  v1::StoreReply reply;
+  EXPECT_EQ(stub->Store(&ctx, store, &reply).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+
+  // Stopped before any worker joined: a clean, non-zero exit.
+  EXPECT_EQ(coordinator.Terminate(), 1);
+}
+
+TEST(LaunchTest, BadInputFailsClearly) {
+  TempDir dir;
+  ASSERT_TRUE(
+      WriteFileAtomically(dir.Join("job.yaml"), JobYaml(dir.Join("missing"), dir.Join("run"), 5))
+          .ok());
+  auto r =
+      RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir.Join("job.yaml"), " --workers 1"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("missing/manifest.json: cannot open"));
+  r = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir.Join("job.yaml"), " --workers 0"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("--workers must be >= 1"));
+}
+
+}  // namespace
+}  // namespace flashdraft
+
+namespace flashdraft {
+namespace {
+
+TEST_F(DistributedTest, CtrlCStopsEveryProcess) {
+  const std::string out = dir_->Join("interrupted");
+  ASSERT_TRUE(
+      WriteFileAtomically(dir_->Join("long.yaml"), JobYaml(dir_->Join("shards"), out, 100000))
+          .ok());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, STDOUT_FILENO);
+    dup2(devnull, STDERR_FILENO);
+    execl((kBin + "/flashdraft").c_str(), "flashdraft", "launch", dir_->Join("long.yaml").c_str(),
+          "--workers", "2", nullptr);
+    _exit(127);
+  }
+  // Wait until training is under way.
+  bool training = false;
+  for (int i = 0; i < 600 && !training; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    training = ReadSteps(out + "/steps.jsonl").size() >= 3;
+  }
+  ASSERT_TRUE(training);
+  std::ifstream port_in(out + "/coordinator.port");
+  int port = 0;
+  port_in >> port;
+  ASSERT_GT(port, 0);
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  // Neither the coordinator nor any worker outlives the launcher.
+  const std::string address = absl::StrCat("127.0.0.1:", port), job = out + "/job.yaml";
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    EXPECT_EQ(cmdline.find(address), std::string::npos) << "still running: " << cmdline;
+    EXPECT_EQ(cmdline.find(job), std::string::npos) << "still running: " << cmdline;
+  }
+}
+
+}  // namespace
+}  // namespace flashdraft
