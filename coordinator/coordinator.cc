@@ -694,7 +694,8 @@ absl::Status Coordinator::Run() {
     }
     const double elapsed = now - start;
     const double eta = elapsed / (step + 1) * (total_steps_ - step - 1);
-    if ((step + 1) % 10 == 0 || step == 0 || step + 1 == total_steps_) {
+    const int64_t print_every = std::max<int64_t>(1, total_steps_ / 20);
+    if ((step + 1) % print_every == 0 || step == 0 || step + 1 == total_steps_) {
       LOG(INFO) << absl::StrFormat(
           "step %d/%d  loss %.4f  tau %.3f  acc@1 %.3f  %.0f tok/s  wait %.1f%%  ETA %.0fs",
           step + 1, total_steps_, r.loss, r.TauEstimate(),
