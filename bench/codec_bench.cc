@@ -1,7 +1,7 @@
 // Tensor wire codec throughput: a 256 MiB bf16 tensor encoded into ≤4 MiB CRC-checked chunks and
 // reassembled into preallocated memory, against a plain memcpy of the same bytes in the same run.
 //
-//   build/bench/codec_bench [--mib 256] [--repeats 5]
+//   build/bin/codec_bench [--mib 256] [--repeats 5]
 //
 // Rows:
 //   memcpy                     the peer: one copy src -> dst

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 flags=("$@")
-cpp=$(build/bench/drafter_step_bench "${flags[@]}")
+cpp=$(build/bin/drafter_step_bench "${flags[@]}")
 py=$(/usr/bin/python3 bench/drafter_step_bench.py "${flags[@]}")
 get() { sed -n "s/.*$2=\([0-9.]*\).*/\1/p" <<<"$1"; }
 echo "drafter step (fwd+bwd+AdamW), hidden 256, 2 layers, B 16, S 512, 64 anchors, batch 2, vocab 8192 ${flags[*]}"

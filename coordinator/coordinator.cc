@@ -17,19 +17,13 @@
 #include "common/tensor_codec.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
 #include "glog/logging.h"
+#include "model/dflash_math.h"
 
 namespace flashdraft {
 namespace {
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Hugging Face's cosine schedule with linear warmup (model/trainer.h has the torch-side twin).
-double ScheduledLearningRate(double lr, int64_t warmup, int64_t total, int64_t step) {
-  if (step < warmup) return lr * static_cast<double>(step) / std::max<int64_t>(1, warmup);
-  const double progress = static_cast<double>(step - warmup) / std::max<int64_t>(1, total - warmup);
-  return lr * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, progress))));
 }
 
 std::string RandomToken() {
@@ -289,18 +283,10 @@ class CoordinatorServiceImpl : public v1::Coordinator::CallbackService {
 };
 
 std::vector<double> StepRecord::SlotAccuracy() const {
-  std::vector<double> acc(slot_total.size(), 0.0);
-  for (size_t i = 0; i < acc.size(); ++i) {
-    if (slot_total[i] > 0) acc[i] = static_cast<double>(slot_correct[i]) / slot_total[i];
-  }
-  return acc;
+  return flashdraft::SlotAccuracy(slot_correct, slot_total);
 }
 
-double StepRecord::TauEstimate() const {
-  double tau = 1, run = 1;
-  for (double a : SlotAccuracy()) tau += (run *= a);
-  return tau;
-}
+double StepRecord::TauEstimate() const { return flashdraft::TauEstimate(SlotAccuracy()); }
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(JobConfig job) {
   if (job.data.source != "shards") {
@@ -506,8 +492,8 @@ void Coordinator::FillStatus(v1::StatusReply* reply) const {
 
 absl::Status Coordinator::SendStep(uint64_t step) {
   const StepPlan plan = scheduler_->Plan(step, world_size_);
-  const double lr = ScheduledLearningRate(job_.train.learning_rate, warmup_steps_, total_steps_,
-                                          static_cast<int64_t>(step));
+  const double lr = CosineLearningRate(job_.train.learning_rate, warmup_steps_, total_steps_,
+                                       static_cast<int64_t>(step));
   for (int rank = 0; rank < world_size_; ++rank) {
     const MicrobatchPlan& mb = plan.microbatches[rank];
     std::vector<std::shared_ptr<const v1::CoordinatorMessage>> messages;
@@ -600,8 +586,8 @@ StepRecord Coordinator::Aggregate(uint64_t step, double seconds) {
   r.step = step;
   r.world_size = world_size_;
   r.step_seconds = seconds;
-  r.learning_rate = ScheduledLearningRate(job_.train.learning_rate, warmup_steps_, total_steps_,
-                                          static_cast<int64_t>(step));
+  r.learning_rate = CosineLearningRate(job_.train.learning_rate, warmup_steps_, total_steps_,
+                                       static_cast<int64_t>(step));
   const size_t slots = static_cast<size_t>(job_.drafter.block_size - 1);
   r.slot_correct.assign(slots, 0);
   r.slot_total.assign(slots, 0);

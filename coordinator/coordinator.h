@@ -36,7 +36,7 @@ struct StepRecord {
   double weight_sum = 0;
   int64_t tokens = 0;
   int world_size = 0;
-  std::vector<uint64_t> slot_correct, slot_total;
+  std::vector<int64_t> slot_correct, slot_total;
   double wait_seconds = 0, forward_seconds = 0, backward_seconds = 0, allreduce_seconds = 0,
          optimizer_seconds = 0;  // mean over ranks
   double max_wait_seconds = 0;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "model/dflash_math.h"
 #include "model/layers.h"
 #include "model/wire_tensor.h"
 
@@ -185,21 +186,10 @@ DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
 }
 
 std::vector<double> DrafterLossResult::SlotAccuracy() const {
-  std::vector<double> acc(slot_total.size(), 0.0);
-  for (size_t i = 0; i < acc.size(); ++i) {
-    if (slot_total[i] > 0) acc[i] = static_cast<double>(slot_correct[i]) / slot_total[i];
-  }
-  return acc;
+  return flashdraft::SlotAccuracy(slot_correct, slot_total);
 }
 
-double DrafterLossResult::TauEstimate() const {
-  double tau = 1.0, run = 1.0;
-  for (double a : SlotAccuracy()) {
-    run *= a;
-    tau += run;
-  }
-  return tau;
-}
+double DrafterLossResult::TauEstimate() const { return flashdraft::TauEstimate(SlotAccuracy()); }
 
 absl::Status LoadDrafterWeights(DrafterImpl& drafter, const SafetensorsModel& weights,
                                 bool with_frozen) {

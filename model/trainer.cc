@@ -2,15 +2,12 @@
 
 #include <cmath>
 
+#include "model/dflash_math.h"
+
 namespace flashdraft {
 
 double CosineLearningRate(const OptimizerOptions& o, int64_t step) {
-  if (step < o.warmup_steps) {
-    return o.learning_rate * static_cast<double>(step) / std::max<int64_t>(1, o.warmup_steps);
-  }
-  const double progress = static_cast<double>(step - o.warmup_steps) /
-                          std::max<int64_t>(1, o.total_steps - o.warmup_steps);
-  return o.learning_rate * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, progress))));
+  return CosineLearningRate(o.learning_rate, o.warmup_steps, o.total_steps, step);
 }
 
 DrafterTrainer::DrafterTrainer(Drafter drafter, OptimizerOptions options)

@@ -8,7 +8,7 @@ scripts/setup.sh
 # Sanitizers on what does not link LibTorch (Debian's LibTorch is not built for ASan).
 FLASHDRAFT_BUILD_DIR=build-asan FLASHDRAFT_TARGETS=flashdraft_common_test \
   scripts/build.sh -DFLASHDRAFT_SANITIZE=ON -DFLASHDRAFT_BUILD_BENCH=OFF
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 build-asan/common/flashdraft_common_test \
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 build-asan/bin/flashdraft_common_test \
   --gtest_brief=1
 
 scripts/build.sh
