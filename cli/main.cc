@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "cli/launch.h"
 #include "cli/make_shards.h"
 #include "cli/train_synthetic.h"
@@ -93,6 +95,14 @@ int main(int argc, char** argv) {
   CLI::Option* gamma_opt =
       step->add_option("--gamma", gamma, "loss decay (default 7/5/4 for block size 16/10/8)");
 
+  CLI::App* features = debug->add_subcommand(
+      "target-features", "Run a target model on input_ids: per-layer hidden states and logits");
+  std::string target_dir, ids_path, layers_text, features_out;
+  features->add_option("--target", target_dir, "Hugging Face model folder")->required();
+  features->add_option("--ids", ids_path, "safetensors with input_ids [b,S] I64")->required();
+  features->add_option("--layers", layers_text, "decoder layer ids, e.g. 1,3,5")->required();
+  features->add_option("--out", features_out, "output safetensors")->required();
+
   CLI::App* synth = debug->add_subcommand(
       "train-synthetic", "Train a drafter in this process on a synthetic learnable language");
   flashdraft::SyntheticTrainingOptions synth_options;
@@ -149,6 +159,21 @@ int main(int argc, char** argv) {
   if (shards->parsed()) {
     absl::Status s = flashdraft::MakeShards(shard_options);
     return s.ok() ? 0 : flashdraft::Fail(s);
+  }
+  if (features->parsed()) {
+    std::vector<int> layers;
+    for (absl::string_view part : absl::StrSplit(layers_text, ',')) {
+      int id;
+      if (!absl::SimpleAtoi(part, &id)) {
+        return flashdraft::Fail(
+            absl::InvalidArgumentError("--layers: '" + std::string(part) + "' is not an integer"));
+      }
+      layers.push_back(id);
+    }
+    absl::Status s = flashdraft::RunTargetFeaturesDebug(target_dir, ids_path, layers, features_out);
+    if (!s.ok()) return flashdraft::Fail(s);
+    std::printf("wrote %s\n", features_out.c_str());
+    return 0;
   }
   if (synth->parsed()) {
     absl::Status s = flashdraft::RunSyntheticTraining(synth_options);

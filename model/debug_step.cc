@@ -7,6 +7,8 @@
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "model/drafter.h"
+#include "model/target_model.h"
+#include "model/wire_tensor.h"
 
 namespace flashdraft {
 
@@ -49,6 +51,26 @@ absl::Status RunDrafterDebugStep(const DrafterStepFiles& files) {
     FD_RETURN_IF_ERROR(add(item.key(), grad.defined() ? grad : torch::zeros_like(item.value())));
   }
   return writer.Write(files.out);
+}
+
+absl::Status RunTargetFeaturesDebug(const std::string& target_dir, const std::string& ids_path,
+                                    const std::vector<int>& layers, const std::string& out_path) {
+  FD_ASSIGN_OR_RETURN(auto model, TargetModel::Load(target_dir));
+  FD_ASSIGN_OR_RETURN(auto ids_file, SafetensorsFile::Open(ids_path));
+  FD_ASSIGN_OR_RETURN(TensorView ids, ids_file->GetChecked("input_ids", DType::kI64));
+  if (ids.shape.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(ids_path, ": tensor 'input_ids': shape ",
+                                                   ShapeString(ids.shape), " is not [b, S]"));
+  }
+  FD_ASSIGN_OR_RETURN(TargetOutput out, model->Forward(ToTorch(ids), layers, /*with_logits=*/true));
+  const torch::Tensor features = out.features.to(torch::kFloat32).contiguous();
+  const torch::Tensor logits = out.logits.to(torch::kFloat32).contiguous();
+  SafetensorsWriter writer;
+  FD_RETURN_IF_ERROR(writer.Add("hidden_states", DType::kF32, features.sizes().vec(),
+                                features.data_ptr(), features.nbytes()));
+  FD_RETURN_IF_ERROR(
+      writer.Add("logits", DType::kF32, logits.sizes().vec(), logits.data_ptr(), logits.nbytes()));
+  return writer.Write(out_path);
 }
 
 }  // namespace flashdraft

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -18,5 +19,11 @@ struct DrafterStepFiles {
 };
 
 absl::Status RunDrafterDebugStep(const DrafterStepFiles& files);
+
+// `flashdraft debug target-features`: runs the target over input_ids [b,S] (I64) and writes
+// hidden_states [b,S,n·H] (F32, the outputs of `layers` in the given order) and logits [b,S,V]
+// (F32).
+absl::Status RunTargetFeaturesDebug(const std::string& target_dir, const std::string& ids_path,
+                                    const std::vector<int>& layers, const std::string& out_path);
 
 }  // namespace flashdraft

@@ -7,6 +7,8 @@ BUILD_DIR=${FLASHDRAFT_BUILD_DIR:-build}
 # Two compile jobs per core at most; a torch translation unit takes ~1.6 GB of memory.
 JOBS=${FLASHDRAFT_JOBS:-$(nproc)}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
+# Hits across checkouts in different folders (CI clones afresh each time).
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
 # FLASHDRAFT_TARGETS="a b": build only those targets.
 targets=()

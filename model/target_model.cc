@@ -1,0 +1,230 @@
+#include "model/target_model.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+#include "model/layers.h"
+#include "model/wire_tensor.h"
+
+namespace flashdraft {
+namespace {
+
+using json = nlohmann::json;
+
+absl::Status ConfigError(const std::string& source, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
+}
+
+// HF's Llama-3 frequency remapping ("rope_type": "llama3").
+torch::Tensor Llama3InvFreq(torch::Tensor inv_freq, const TargetModelConfig& c) {
+  const double old_len = static_cast<double>(c.rope_original_max_position);
+  const double low_wavelen = old_len / c.rope_low_freq_factor;
+  const double high_wavelen = old_len / c.rope_high_freq_factor;
+  const torch::Tensor wavelen = 2 * M_PI / inv_freq;
+  torch::Tensor scaled = torch::where(wavelen > low_wavelen, inv_freq / c.rope_factor, inv_freq);
+  const torch::Tensor smooth = (old_len / wavelen - c.rope_low_freq_factor) /
+                               (c.rope_high_freq_factor - c.rope_low_freq_factor);
+  const torch::Tensor smoothed = (1 - smooth) * scaled / c.rope_factor + smooth * scaled;
+  const torch::Tensor medium = wavelen.ge(high_wavelen).logical_and(wavelen.le(low_wavelen));
+  return torch::where(medium, smoothed, scaled);
+}
+
+}  // namespace
+
+absl::StatusOr<TargetModelConfig> ParseTargetConfig(const std::string& text,
+                                                    const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    return ConfigError(source, absl::StrCat("not valid JSON: ", e.what()));
+  }
+  if (!j.is_object()) return ConfigError(source, "not a JSON object");
+  TargetModelConfig c;
+  c.model_type = j.value("model_type", "");
+  if (c.model_type != "qwen3" && c.model_type != "llama") {
+    return ConfigError(source, absl::StrCat("unsupported architecture: model_type '", c.model_type,
+                                            "' (supported: qwen3, llama)"));
+  }
+  c.qk_norm = c.model_type == "qwen3";
+  auto get_int = [&](const char* key, int64_t& out, bool required) -> absl::Status {
+    if (!j.contains(key) || j[key].is_null()) {
+      return required ? ConfigError(source, absl::StrCat("missing field '", key, "'"))
+                      : absl::OkStatus();
+    }
+    if (!j[key].is_number_integer() || j[key].get<int64_t>() < 1) {
+      return ConfigError(source, absl::StrCat("field '", key, "' must be a positive integer, got ",
+                                              j[key].dump()));
+    }
+    out = j[key].get<int64_t>();
+    return absl::OkStatus();
+  };
+  FD_RETURN_IF_ERROR(get_int("hidden_size", c.hidden_size, true));
+  FD_RETURN_IF_ERROR(get_int("intermediate_size", c.intermediate_size, true));
+  FD_RETURN_IF_ERROR(get_int("num_hidden_layers", c.num_hidden_layers, true));
+  FD_RETURN_IF_ERROR(get_int("num_attention_heads", c.num_attention_heads, true));
+  FD_RETURN_IF_ERROR(get_int("vocab_size", c.vocab_size, true));
+  c.num_key_value_heads = c.num_attention_heads;
+  FD_RETURN_IF_ERROR(get_int("num_key_value_heads", c.num_key_value_heads, false));
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  FD_RETURN_IF_ERROR(get_int("head_dim", c.head_dim, false));
+  if (j.contains("rms_norm_eps") && j["rms_norm_eps"].is_number())
+    c.rms_norm_eps = j["rms_norm_eps"];
+  if (j.contains("rope_theta") && j["rope_theta"].is_number()) c.rope_theta = j["rope_theta"];
+  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  if (j.value("attention_bias", false) || j.value("mlp_bias", false)) {
+    return ConfigError(source, "attention_bias / mlp_bias are not supported");
+  }
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    const json& rs = j["rope_scaling"];
+    const std::string type = rs.value("rope_type", rs.value("type", ""));
+    if (type != "llama3") {
+      return ConfigError(
+          source, absl::StrCat("rope_scaling type '", type, "' is not supported (only llama3)"));
+    }
+    c.rope_factor = rs.value("factor", 8.0);
+    c.rope_low_freq_factor = rs.value("low_freq_factor", 1.0);
+    c.rope_high_freq_factor = rs.value("high_freq_factor", 4.0);
+    c.rope_original_max_position = rs.value("original_max_position_embeddings", int64_t{8192});
+  }
+  if (c.num_attention_heads % c.num_key_value_heads != 0) {
+    return ConfigError(source, "num_attention_heads is not a multiple of num_key_value_heads");
+  }
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Load(const std::string& dir,
+                                                               torch::ScalarType dtype) {
+  FD_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/config.json"));
+  FD_ASSIGN_OR_RETURN(TargetModelConfig c, ParseTargetConfig(text, dir + "/config.json"));
+  FD_ASSIGN_OR_RETURN(auto weights, SafetensorsModel::Open(dir));
+  auto model = std::unique_ptr<TargetModel>(new TargetModel());
+  model->config_ = c;
+  auto load = [&](const std::string& name,
+                  std::vector<int64_t> shape) -> absl::StatusOr<torch::Tensor> {
+    FD_ASSIGN_OR_RETURN(TensorView view, weights->Get(name));
+    if (view.dtype != DType::kF32 && view.dtype != DType::kBF16 && view.dtype != DType::kF16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, ": tensor '", name, "': dtype ", DTypeName(view.dtype), " is not a float type"));
+    }
+    if (view.shape != shape) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": tensor '", name, "': shape ",
+                                                     ShapeString(view.shape), ", expected ",
+                                                     ShapeString(shape)));
+    }
+    return ToTorch(view).to(dtype);
+  };
+  const int64_t h = c.hidden_size, q_dim = c.num_attention_heads * c.head_dim,
+                kv_dim = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
+  FD_ASSIGN_OR_RETURN(model->embed_, load("model.embed_tokens.weight", {c.vocab_size, h}));
+  FD_ASSIGN_OR_RETURN(model->final_norm_, load("model.norm.weight", {h}));
+  if (weights->Contains("lm_head.weight") || !c.tie_word_embeddings) {
+    FD_ASSIGN_OR_RETURN(model->lm_head_, load("lm_head.weight", {c.vocab_size, h}));
+  } else {
+    model->lm_head_ = model->embed_;
+  }
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    Layer l;
+    FD_ASSIGN_OR_RETURN(l.input_norm, load(p + "input_layernorm.weight", {h}));
+    FD_ASSIGN_OR_RETURN(l.post_norm, load(p + "post_attention_layernorm.weight", {h}));
+    FD_ASSIGN_OR_RETURN(l.q, load(p + "self_attn.q_proj.weight", {q_dim, h}));
+    FD_ASSIGN_OR_RETURN(l.k, load(p + "self_attn.k_proj.weight", {kv_dim, h}));
+    FD_ASSIGN_OR_RETURN(l.v, load(p + "self_attn.v_proj.weight", {kv_dim, h}));
+    FD_ASSIGN_OR_RETURN(l.o, load(p + "self_attn.o_proj.weight", {h, q_dim}));
+    if (c.qk_norm) {
+      FD_ASSIGN_OR_RETURN(l.q_norm, load(p + "self_attn.q_norm.weight", {c.head_dim}));
+      FD_ASSIGN_OR_RETURN(l.k_norm, load(p + "self_attn.k_norm.weight", {c.head_dim}));
+    }
+    FD_ASSIGN_OR_RETURN(l.gate, load(p + "mlp.gate_proj.weight", {inter, h}));
+    FD_ASSIGN_OR_RETURN(l.up, load(p + "mlp.up_proj.weight", {inter, h}));
+    FD_ASSIGN_OR_RETURN(l.down, load(p + "mlp.down_proj.weight", {h, inter}));
+    model->layers_.push_back(std::move(l));
+  }
+  torch::Tensor inv_freq = RopeInverseFrequencies(c.head_dim, c.rope_theta);
+  if (c.rope_factor > 0) inv_freq = Llama3InvFreq(inv_freq, c);
+  model->inv_freq_ = inv_freq;
+  return model;
+}
+
+absl::StatusOr<TargetOutput> TargetModel::Forward(const torch::Tensor& input_ids,
+                                                  const std::vector<int>& layer_ids,
+                                                  bool with_logits, KvCache* cache) const {
+  const TargetModelConfig& c = config_;
+  for (int id : layer_ids) {
+    if (id < 0 || id >= c.num_hidden_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer id ", id, " is outside [0, ", c.num_hidden_layers, ")"));
+    }
+  }
+  if (input_ids.dim() != 2) return absl::InvalidArgumentError("input_ids must be [b, S]");
+  if (input_ids.numel() > 0 &&
+      (input_ids.min().item<int64_t>() < 0 || input_ids.max().item<int64_t>() >= c.vocab_size)) {
+    return absl::InvalidArgumentError(absl::StrCat("input_ids must be in [0, ", c.vocab_size, ")"));
+  }
+  torch::NoGradGuard no_grad;
+  const int64_t b = input_ids.size(0), s = input_ids.size(1), hd = c.head_dim;
+  const int64_t past = cache != nullptr ? cache->length() : 0;
+  if (cache != nullptr && cache->keys.empty()) {
+    cache->keys.resize(c.num_hidden_layers);
+    cache->values.resize(c.num_hidden_layers);
+  }
+  const auto dtype = embed_.scalar_type();
+  torch::Tensor x = embed_.index_select(0, input_ids.reshape(-1)).view({b, s, c.hidden_size});
+  auto [cos, sin] = RopeTablesFromInvFreq(torch::arange(past, past + s, torch::kInt64), inv_freq_);
+  cos = cos.to(dtype);
+  sin = sin.to(dtype);
+  // Causal over the cache and the new tokens: new token t sees keys 0 .. past + t.
+  const torch::Tensor q_pos = torch::arange(past, past + s).view({-1, 1});
+  const torch::Tensor k_pos = torch::arange(0, past + s).view({1, -1});
+  const torch::Tensor allowed = k_pos.le(q_pos);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  std::vector<torch::Tensor> outputs(c.num_hidden_layers);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const Layer& l = layers_[i];
+    const torch::Tensor xn = ApplyRmsNorm(x, l.input_norm, c.rms_norm_eps);
+    torch::Tensor q = torch::matmul(xn, l.q.t()).view({b, s, c.num_attention_heads, hd});
+    torch::Tensor k = torch::matmul(xn, l.k.t()).view({b, s, c.num_key_value_heads, hd});
+    torch::Tensor v =
+        torch::matmul(xn, l.v.t()).view({b, s, c.num_key_value_heads, hd}).transpose(1, 2);
+    if (c.qk_norm) {
+      q = ApplyRmsNorm(q, l.q_norm, c.rms_norm_eps);
+      k = ApplyRmsNorm(k, l.k_norm, c.rms_norm_eps);
+    }
+    q = ApplyRope(q.transpose(1, 2), cos, sin);
+    k = ApplyRope(k.transpose(1, 2), cos, sin);
+    if (cache != nullptr) {
+      if (cache->keys[i].defined()) {
+        k = torch::cat({cache->keys[i], k}, 2);
+        v = torch::cat({cache->values[i], v}, 2);
+      }
+      cache->keys[i] = k;
+      cache->values[i] = v;
+    }
+    const int64_t groups = c.num_attention_heads / c.num_key_value_heads;
+    const torch::Tensor kr = groups > 1 ? k.repeat_interleave(groups, 1) : k;
+    const torch::Tensor vr = groups > 1 ? v.repeat_interleave(groups, 1) : v;
+    torch::Tensor scores = torch::matmul(q, kr.transpose(-1, -2)) * scale;
+    scores = scores.masked_fill(allowed.logical_not(), -INFINITY);
+    const torch::Tensor attn =
+        torch::matmul(torch::softmax(scores.to(torch::kFloat32), -1).to(dtype), vr);
+    x = x + torch::matmul(attn.transpose(1, 2).reshape({b, s, -1}), l.o.t());
+    const torch::Tensor h = ApplyRmsNorm(x, l.post_norm, c.rms_norm_eps);
+    x = x + torch::matmul(torch::silu(torch::matmul(h, l.gate.t())) * torch::matmul(h, l.up.t()),
+                          l.down.t());
+    outputs[i] = x;
+  }
+  TargetOutput out;
+  std::vector<torch::Tensor> selected;
+  for (int id : layer_ids) selected.push_back(outputs[id]);
+  if (!selected.empty()) out.features = torch::cat(selected, -1);
+  if (with_logits) {
+    out.logits = torch::matmul(ApplyRmsNorm(x, final_norm_, c.rms_norm_eps), lm_head_.t());
+  }
+  return out;
+}
+
+}  // namespace flashdraft

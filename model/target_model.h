@@ -1,0 +1,76 @@
+// Target decoders (Qwen3, Llama incl. Llama-3 RoPE scaling) loaded from Hugging Face folders
+// (config.json + model.safetensors or a sharded index). They give the outputs of the requested
+// decoder layers (layer id i = output of decoder layer i = HF hidden_states[i+1], DFLASH.md §2),
+// the final logits when asked, and decode incrementally with a KV cache.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/safetensors.h"
+
+namespace flashdraft {
+
+struct TargetModelConfig {
+  std::string model_type;  // "qwen3" | "llama"
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;
+  int64_t vocab_size = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = false;
+  bool qk_norm = false;  // Qwen3
+  // Llama-3 rope scaling ("rope_type": "llama3"); factor 0 = none.
+  double rope_factor = 0, rope_low_freq_factor = 1, rope_high_freq_factor = 4;
+  int64_t rope_original_max_position = 8192;
+};
+
+absl::StatusOr<TargetModelConfig> ParseTargetConfig(const std::string& json_text,
+                                                    const std::string& source);
+
+// Per-layer key/value cache for incremental decoding: [b, kv_heads, T, head_dim] per layer.
+struct KvCache {
+  std::vector<torch::Tensor> keys, values;
+  int64_t length() const { return keys.empty() || !keys[0].defined() ? 0 : keys[0].size(2); }
+};
+
+struct TargetOutput {
+  torch::Tensor features;  // [b, S, n·H]: requested layers' outputs concatenated in the given order
+  torch::Tensor logits;    // [b, S, V] when asked
+};
+
+class TargetModel {
+ public:
+  // Loads `dir` (config.json + weights); errors name the file and the tensor.
+  static absl::StatusOr<std::unique_ptr<TargetModel>> Load(
+      const std::string& dir, torch::ScalarType dtype = torch::kFloat32);
+
+  // Runs input_ids [b, S] (continuing `cache` when given, positions offset by its length).
+  // Layer ids must be in [0, num_hidden_layers).
+  absl::StatusOr<TargetOutput> Forward(const torch::Tensor& input_ids,
+                                       const std::vector<int>& layer_ids, bool with_logits,
+                                       KvCache* cache = nullptr) const;
+
+  const TargetModelConfig& config() const { return config_; }
+  const torch::Tensor& embed_tokens() const { return embed_; }
+  const torch::Tensor& lm_head() const { return lm_head_; }
+
+ private:
+  struct Layer {
+    torch::Tensor input_norm, post_norm, q, k, v, o, q_norm, k_norm, gate, up, down;
+  };
+  TargetModelConfig config_;
+  torch::Tensor embed_, lm_head_, final_norm_, inv_freq_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace flashdraft
