@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "model/dflash_math.h"
 #include "model/layers.h"
+#include "model/weighted_cross_entropy.h"
 #include "model/wire_tensor.h"
 
 namespace flashdraft {
@@ -160,12 +161,10 @@ DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
   const torch::Tensor rows = m.reshape(-1).gt(0).nonzero().squeeze(-1);
   const torch::Tensor h =
       hidden.narrow(2, 1, block - 1).reshape({-1, c.hidden_size}).index_select(0, rows);
-  const torch::Tensor logits = torch::matmul(h, lm_head_.t());
   const torch::Tensor row_labels = labels.reshape(-1).index_select(0, rows);
-  const torch::Tensor ce = torch::nn::functional::cross_entropy(
-      logits, row_labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
   const torch::Tensor row_w = w.reshape(-1).index_select(0, rows);
-  const torch::Tensor wce = (row_w * ce).sum();
+  const WeightedCrossEntropy ce = ChunkedWeightedCrossEntropy(h, lm_head_, row_labels, row_w);
+  const torch::Tensor& wce = ce.weighted_sum;
 
   DrafterLossResult result;
   result.weighted_ce_sum = wce.item<double>();
@@ -175,7 +174,7 @@ DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
 
   torch::NoGradGuard no_grad;
   const torch::Tensor slot = rows.remainder(block - 1);
-  const torch::Tensor hit = logits.argmax(-1).eq(row_labels).to(torch::kInt64);
+  const torch::Tensor& hit = ce.hits;
   const torch::Tensor correct = torch::zeros({block - 1}, opts).index_add_(0, slot, hit);
   const torch::Tensor total =
       torch::zeros({block - 1}, opts).index_add_(0, slot, torch::ones_like(slot));

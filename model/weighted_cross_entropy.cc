@@ -1,0 +1,68 @@
+#include "model/weighted_cross_entropy.h"
+
+namespace flashdraft {
+namespace {
+
+int64_t RowsPerChunk(int64_t vocab, int64_t chunk_logit_bytes) {
+  return std::max<int64_t>(1, chunk_logit_bytes / std::max<int64_t>(1, vocab * 4));
+}
+
+// The gradient is formed in forward, chunk by chunk, while each chunk's logits exist: d(Σ w·CE)/dh
+// =
+// ((softmax − onehot) · w) · head, an [R, H] tensor, so backward is a scaling and no logits are
+// kept or recomputed (as many matmuls as the unfused version, a fraction of its memory).
+class ChunkedCrossEntropyFunction : public torch::autograd::Function<ChunkedCrossEntropyFunction> {
+ public:
+  // Returns {Σ w·CE, hits}; hits carry no gradient.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const torch::Tensor& hidden,
+                                                const torch::Tensor& head,
+                                                const torch::Tensor& labels,
+                                                const torch::Tensor& weights, int64_t chunk_bytes,
+                                                bool with_grad) {
+    const int64_t rows = hidden.size(0), step = RowsPerChunk(head.size(0), chunk_bytes);
+    torch::Tensor total = torch::zeros({}, hidden.options());
+    torch::Tensor hits = torch::empty({rows}, labels.options());
+    torch::Tensor d_hidden = with_grad ? torch::empty_like(hidden) : torch::Tensor();
+    for (int64_t r0 = 0; r0 < rows; r0 += step) {
+      const int64_t n = std::min(step, rows - r0);
+      torch::Tensor logits = torch::matmul(hidden.narrow(0, r0, n), head.t());
+      const torch::Tensor lse = torch::logsumexp(logits, -1, /*keepdim=*/true);
+      const torch::Tensor label = labels.narrow(0, r0, n).unsqueeze(1);
+      const torch::Tensor w = weights.narrow(0, r0, n).unsqueeze(1);
+      total += (w * (lse - logits.gather(1, label))).sum();
+      hits.narrow(0, r0, n).copy_(logits.argmax(-1).eq(label.squeeze(1)).to(torch::kInt64));
+      if (with_grad) {
+        // In place: logits become (softmax − onehot) · w.
+        logits.sub_(lse).exp_().scatter_add_(1, label, -torch::ones({n, 1}, logits.options()));
+        logits.mul_(w);
+        d_hidden.narrow(0, r0, n).copy_(torch::matmul(logits, head));
+      }
+    }
+    ctx->save_for_backward({d_hidden});
+    ctx->mark_non_differentiable({hits});
+    return {total, hits};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::Tensor d_hidden = ctx->get_saved_variables()[0];
+    return {d_hidden * grads[0], torch::Tensor(), torch::Tensor(),
+            torch::Tensor(),     torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+WeightedCrossEntropy ChunkedWeightedCrossEntropy(const torch::Tensor& hidden,
+                                                 const torch::Tensor& head,
+                                                 const torch::Tensor& labels,
+                                                 const torch::Tensor& weights,
+                                                 int64_t chunk_logit_bytes) {
+  auto out = ChunkedCrossEntropyFunction::apply(
+      hidden, head.detach(), labels, weights.detach(), chunk_logit_bytes,
+      hidden.requires_grad() && torch::GradMode::is_enabled());
+  return {out[0], out[1]};
+}
+
+}  // namespace flashdraft

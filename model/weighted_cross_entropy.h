@@ -1,0 +1,24 @@
+// Σ w·CE(h·Wᵀ, label) over rows without materialising the [rows, vocab] logits: rows are processed
+// in chunks (64 MiB of logits by default), and each chunk's share of the gradient is formed while
+// its logits exist. At Qwen3's 151,936-token vocabulary the full logits of one 3072-token sample
+// with 512 anchors would take ≈ 4.7 GB, and their gradient as much again.
+#pragma once
+
+#include <torch/torch.h>
+
+namespace flashdraft {
+
+struct WeightedCrossEntropy {
+  torch::Tensor weighted_sum;  // scalar Σ w·CE, differentiable in `hidden`
+  torch::Tensor hits;          // [rows] int64: argmax == label
+};
+
+// hidden [R, H] (differentiable), head [V, H] (frozen), labels [R] int64, weights [R].
+// `chunk_logit_bytes` bounds one chunk's fp32 logits.
+WeightedCrossEntropy ChunkedWeightedCrossEntropy(const torch::Tensor& hidden,
+                                                 const torch::Tensor& head,
+                                                 const torch::Tensor& labels,
+                                                 const torch::Tensor& weights,
+                                                 int64_t chunk_logit_bytes = int64_t{64} << 20);
+
+}  // namespace flashdraft
