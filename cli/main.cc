@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/launch.h"
 #include "cli/make_shards.h"
+#include "cli/prepare.h"
 #include "cli/train_synthetic.h"
 #include "common/crc32c.h"
 #include "common/job_config.h"
@@ -26,6 +27,18 @@ namespace {
 int Fail(const absl::Status& status) {
   std::cerr << "flashdraft: error: " << status.message() << "\n";
   return 1;
+}
+
+// "1,9,17" → {1, 9, 17}.
+absl::Status ParseLayerIds(const std::string& text, std::vector<int>& out) {
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int id;
+    if (!absl::SimpleAtoi(part, &id)) {
+      return absl::InvalidArgumentError("--layers: '" + std::string(part) + "' is not an integer");
+    }
+    out.push_back(id);
+  }
+  return absl::OkStatus();
 }
 
 int ConfigCheck(const std::string& path, const std::vector<std::string>& overrides) {
@@ -143,6 +156,31 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   shards->add_option("--seed", shard_options.seed, "seed")->capture_default_str();
 
+  CLI::App* prepare = app.add_subcommand(
+      "prepare", "Offline shards from a Hugging Face target and tokenized JSONL chat data");
+  flashdraft::PrepareOptions prepare_options;
+  std::string prepare_layers;
+  prepare->add_option("--target", prepare_options.target, "Hugging Face model folder")->required();
+  prepare
+      ->add_option("--data", prepare_options.data,
+                   "JSONL, one {\"input_ids\": [...], \"loss_mask\": [...]} per line")
+      ->required();
+  prepare->add_option("--out", prepare_options.out, "output directory")->required();
+  prepare->add_option("--layers", prepare_layers, "target layer ids, e.g. 1,9,17,25,33");
+  prepare
+      ->add_option("--num-features", prepare_options.num_features,
+                   "number of target layers when --layers is not given")
+      ->capture_default_str();
+  prepare->add_option("--mask-token-id", prepare_options.mask_token_id,
+                      "MASK id (default: the embedding table's last row)");
+  prepare->add_option("--max-seq-len", prepare_options.max_seq_len, "truncate samples")
+      ->capture_default_str();
+  prepare->add_option("--samples-per-shard", prepare_options.samples_per_shard, "")
+      ->capture_default_str();
+  prepare->add_flag("--skip-bad-lines", prepare_options.skip_bad_lines,
+                    "report bad JSONL lines and go on (default: the first is fatal)");
+  prepare->add_flag("--float32", prepare_options.float32_features, "F32 features instead of BF16");
+
   app.add_subcommand("version", "Print the version");
 
   CLI11_PARSE(app, argc, argv);
@@ -156,19 +194,22 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (launch->parsed()) return flashdraft::Launch(launch_options);
+  if (prepare->parsed()) {
+    if (absl::Status s = flashdraft::ParseLayerIds(prepare_layers, prepare_options.layer_ids);
+        !s.ok()) {
+      return flashdraft::Fail(s);
+    }
+    absl::Status s = flashdraft::Prepare(prepare_options);
+    return s.ok() ? 0 : flashdraft::Fail(s);
+  }
   if (shards->parsed()) {
     absl::Status s = flashdraft::MakeShards(shard_options);
     return s.ok() ? 0 : flashdraft::Fail(s);
   }
   if (features->parsed()) {
     std::vector<int> layers;
-    for (absl::string_view part : absl::StrSplit(layers_text, ',')) {
-      int id;
-      if (!absl::SimpleAtoi(part, &id)) {
-        return flashdraft::Fail(
-            absl::InvalidArgumentError("--layers: '" + std::string(part) + "' is not an integer"));
-      }
-      layers.push_back(id);
+    if (absl::Status s = flashdraft::ParseLayerIds(layers_text, layers); !s.ok()) {
+      return flashdraft::Fail(s);
     }
     absl::Status s = flashdraft::RunTargetFeaturesDebug(target_dir, ids_path, layers, features_out);
     if (!s.ok()) return flashdraft::Fail(s);

@@ -170,6 +170,25 @@ absl::Status ShardWriter::FlushShard() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> ShardWriter::ResumeExisting() {
+  int64_t samples = 0;
+  while (true) {
+    const std::string name = absl::StrFormat("shard-%05d.safetensors", written_.size());
+    const std::string path = dir_ + "/" + name;
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) break;
+    FD_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
+    FD_ASSIGN_OR_RETURN(TensorView ids, file->GetChecked("input_ids", DType::kI64));
+    FD_ASSIGN_OR_RETURN(TensorView offsets, file->GetChecked("offsets", DType::kI64));
+    FD_RETURN_IF_ERROR(
+        file->GetChecked("hidden_states", feature_dtype_, {ids.numel(), feature_size_}).status());
+    const int64_t n = offsets.numel() - 1;
+    written_.push_back({name, n, ids.numel()});
+    samples += n;
+  }
+  return samples;
+}
+
 absl::Status ShardWriter::Finish() {
   FD_RETURN_IF_ERROR(FlushShard());
   json m;

@@ -63,6 +63,9 @@ class ShardWriter {
   absl::Status Add(const std::vector<int64_t>& input_ids, const std::vector<int64_t>& loss_mask,
                    const void* features);
   void SetMetadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
+  // Adopts the complete shard files an interrupted run left in the directory (shard-00000, -00001,
+  // ... in order, each validated); returns how many samples they hold, to be skipped by the caller.
+  absl::StatusOr<int64_t> ResumeExisting();
   absl::Status Finish();
 
  private:
