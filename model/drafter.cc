@@ -193,20 +193,8 @@ double DrafterLossResult::TauEstimate() const { return flashdraft::TauEstimate(S
 absl::Status LoadDrafterWeights(DrafterImpl& drafter, const SafetensorsModel& weights,
                                 bool with_frozen) {
   torch::NoGradGuard no_grad;
-  auto load = [&](const std::string& name,
-                  const std::vector<int64_t>& shape) -> absl::StatusOr<torch::Tensor> {
-    FD_ASSIGN_OR_RETURN(TensorView view, weights.Get(name));
-    if (view.dtype != DType::kF32 && view.dtype != DType::kBF16 && view.dtype != DType::kF16) {
-      return absl::InvalidArgumentError(absl::StrCat(weights.path(), ": tensor '", name,
-                                                     "': dtype ", DTypeName(view.dtype),
-                                                     " is not a float type"));
-    }
-    if (view.shape != shape) {
-      return absl::InvalidArgumentError(absl::StrCat(weights.path(), ": tensor '", name,
-                                                     "': shape ", ShapeString(view.shape),
-                                                     ", expected ", ShapeString(shape)));
-    }
-    return ToTorch(view).to(torch::kFloat32);
+  auto load = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    return LoadFloatWeight(weights, name, shape);
   };
   for (auto& item : drafter.named_parameters()) {
     FD_ASSIGN_OR_RETURN(torch::Tensor t, load(item.key(), item.value().sizes().vec()));

@@ -103,19 +103,8 @@ absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Load(const std::string
   FD_ASSIGN_OR_RETURN(auto weights, SafetensorsModel::Open(dir));
   auto model = std::unique_ptr<TargetModel>(new TargetModel());
   model->config_ = c;
-  auto load = [&](const std::string& name,
-                  std::vector<int64_t> shape) -> absl::StatusOr<torch::Tensor> {
-    FD_ASSIGN_OR_RETURN(TensorView view, weights->Get(name));
-    if (view.dtype != DType::kF32 && view.dtype != DType::kBF16 && view.dtype != DType::kF16) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          dir, ": tensor '", name, "': dtype ", DTypeName(view.dtype), " is not a float type"));
-    }
-    if (view.shape != shape) {
-      return absl::InvalidArgumentError(absl::StrCat(dir, ": tensor '", name, "': shape ",
-                                                     ShapeString(view.shape), ", expected ",
-                                                     ShapeString(shape)));
-    }
-    return ToTorch(view).to(dtype);
+  auto load = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    return LoadFloatWeight(*weights, name, shape, dtype);
   };
   const int64_t h = c.hidden_size, q_dim = c.num_attention_heads * c.head_dim,
                 kv_dim = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;

@@ -84,4 +84,22 @@ torch::Tensor ToTorch(const TensorView& view) {
   return out;
 }
 
+absl::StatusOr<torch::Tensor> LoadFloatWeight(const SafetensorsModel& weights,
+                                              const std::string& name,
+                                              const std::vector<int64_t>& shape,
+                                              torch::ScalarType dtype) {
+  absl::StatusOr<TensorView> view = weights.Get(name);
+  if (!view.ok()) return view.status();
+  if (view->dtype != DType::kF32 && view->dtype != DType::kBF16 && view->dtype != DType::kF16) {
+    return absl::InvalidArgumentError(absl::StrCat(weights.path(), ": tensor '", name, "': dtype ",
+                                                   DTypeName(view->dtype), " is not a float type"));
+  }
+  if (view->shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(weights.path(), ": tensor '", name, "': shape ",
+                                                   ShapeString(view->shape), ", expected ",
+                                                   ShapeString(shape)));
+  }
+  return ToTorch(*view).to(dtype);
+}
+
 }  // namespace flashdraft

@@ -32,4 +32,11 @@ struct TorchTensorSink {
 // Copies a safetensors view into a new CPU tensor of the same dtype and shape.
 torch::Tensor ToTorch(const TensorView& view);
 
+// A float weight (F32, BF16 or F16 in the file) of exactly `shape`, as `dtype`; errors name the
+// model path, the tensor and what differs.
+absl::StatusOr<torch::Tensor> LoadFloatWeight(const SafetensorsModel& weights,
+                                              const std::string& name,
+                                              const std::vector<int64_t>& shape,
+                                              torch::ScalarType dtype = torch::kFloat32);
+
 }  // namespace flashdraft
