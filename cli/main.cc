@@ -3,6 +3,8 @@
 //   it flashdraft inspect PATH                                            list a safetensors
 //   file/model flashdraft version
 // (launch, debug, prepare, eval and export arrive with their issues.)
+#include <grpcpp/grpcpp.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
@@ -19,6 +21,7 @@
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/safetensors.h"
+#include "flashdraft/v1/coordinator.grpc.pb.h"
 #include "model/debug_step.h"
 
 namespace flashdraft {
@@ -39,6 +42,25 @@ absl::Status ParseLayerIds(const std::string& text, std::vector<int>& out) {
     out.push_back(id);
   }
   return absl::OkStatus();
+}
+
+int PrintStatus(const std::string& address) {
+  auto stub =
+      v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::StatusReply reply;
+  grpc::Status s = stub->Status(&ctx, v1::StatusRequest(), &reply);
+  if (!s.ok()) {
+    return Fail(absl::UnavailableError("no coordinator answering at " + address + ": " +
+                                       s.error_message()));
+  }
+  std::printf("state %s  step %llu/%llu  workers %u  epoch %llu  loss %.4f  tau %.3f\n",
+              reply.state().c_str(), static_cast<unsigned long long>(reply.step()),
+              static_cast<unsigned long long>(reply.total_steps()), reply.world_size(),
+              static_cast<unsigned long long>(reply.membership_epoch()), reply.loss(),
+              reply.tau_estimate());
+  return 0;
 }
 
 int ConfigCheck(const std::string& path, const std::vector<std::string>& overrides) {
@@ -181,6 +203,10 @@ int main(int argc, char** argv) {
                     "report bad JSONL lines and go on (default: the first is fatal)");
   prepare->add_flag("--float32", prepare_options.float32_features, "F32 features instead of BF16");
 
+  CLI::App* status = app.add_subcommand("status", "Ask a running coordinator how the job is going");
+  std::string status_address;
+  status->add_option("coordinator", status_address, "host:port")->required();
+
   app.add_subcommand("version", "Print the version");
 
   CLI11_PARSE(app, argc, argv);
@@ -194,6 +220,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (launch->parsed()) return flashdraft::Launch(launch_options);
+  if (status->parsed()) return flashdraft::PrintStatus(status_address);
   if (prepare->parsed()) {
     if (absl::Status s = flashdraft::ParseLayerIds(prepare_layers, prepare_options.layer_ids);
         !s.ok()) {

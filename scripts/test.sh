@@ -6,10 +6,11 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 
 # Sanitizers on what does not link LibTorch (Debian's LibTorch is not built for ASan).
-FLASHDRAFT_BUILD_DIR=build-asan FLASHDRAFT_TARGETS=flashdraft_common_test \
+FLASHDRAFT_BUILD_DIR=build-asan FLASHDRAFT_TARGETS="flashdraft_common_test flashdraft_coordinator_test" \
   scripts/build.sh -DFLASHDRAFT_SANITIZE=ON -DFLASHDRAFT_BUILD_BENCH=OFF
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 build-asan/bin/flashdraft_common_test \
-  --gtest_brief=1
+for t in flashdraft_common_test flashdraft_coordinator_test; do
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 "build-asan/bin/$t" --gtest_brief=1
+done
 
 scripts/build.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

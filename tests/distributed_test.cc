@@ -191,6 +191,11 @@ TEST_F(DistributedTest, JoinRefusesOtherProtocolVersionsAndModelShapes) {
   v1::StoreReply reply;
   EXPECT_EQ(stub->Store(&ctx, store, &reply).error_code(), grpc::StatusCode::UNAUTHENTICATED);
 
+  // `flashdraft status` asks the same service.
+  auto status = RunCommand(absl::StrCat(kBin, "/flashdraft status 127.0.0.1:", coordinator.port()));
+  EXPECT_EQ(status.exit_code, 0) << status.output;
+  EXPECT_THAT(status.output, HasSubstr("state waiting  step 0/30  workers 0"));
+
   // Stopped before any worker joined: a clean, non-zero exit.
   EXPECT_EQ(coordinator.Terminate(), 1);
 }
