@@ -693,6 +693,7 @@ absl::Status Coordinator::Run() {
   auto shutdown = std::make_shared<v1::CoordinatorMessage>();
   shutdown->mutable_shutdown()->set_reason(result.ok() ? "job finished"
                                                        : std::string(result.message()));
+  shutdown->mutable_shutdown()->set_job_finished(result.ok());
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_ = false;

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/safetensors.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
 #include "tests/support/test_util.h"
 
@@ -101,6 +102,18 @@ TEST_F(DistributedTest, TwoWorkerProcessesTrainAndTheLossFalls) {
   }
   // Logs kept per process.
   EXPECT_TRUE(ReadFile(dir_->Join("run2/logs/worker-0.log")).ok());
+  // The trained drafter, exported in the HF layout SGLang/vLLM load: trained tensors only, BF16.
+  auto config = ReadFile(dir_->Join("run2/drafter/config.json"));
+  ASSERT_TRUE(config.ok());
+  auto json = nlohmann::json::parse(*config);
+  EXPECT_EQ(json["architectures"][0], "DFlashDraftModel");
+  EXPECT_EQ(json["dflash_config"]["block_size"], 8);
+  auto weights = SafetensorsFile::Open(dir_->Join("run2/drafter/model.safetensors"));
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_TRUE((*weights)->GetChecked("layers.0.self_attn.q_proj.weight", DType::kBF16).ok());
+  EXPECT_TRUE((*weights)->GetChecked("fc.weight", DType::kBF16, {32, 64}).ok());
+  EXPECT_FALSE((*weights)->Contains("embed_tokens.weight"));
+  EXPECT_FALSE((*weights)->Contains("lm_head.weight"));
 }
 
 TEST_F(DistributedTest, LossDoesNotDependOnTheNumberOfWorkers) {

@@ -18,6 +18,7 @@
 #include "common/tensor_codec.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
 #include "glog/logging.h"
+#include "model/export.h"
 #include "model/trainer.h"
 #include "model/wire_tensor.h"
 #include "worker/collective/gloo_collective.h"
@@ -40,6 +41,7 @@ struct Item {
   std::map<std::string, torch::Tensor> tensors;
   uint64_t step = 0;
   std::string text;
+  bool job_finished = false;  // kShutdown: the job trained all its steps
 };
 
 class ItemQueue {
@@ -214,7 +216,8 @@ absl::Status RunWorker(const WorkerOptions& o) {
           queue.Push(Item{Item::kCommit, {}, {}, msg.commit().step(), ""});
           break;
         case v1::CoordinatorMessage::kShutdown:
-          queue.Push(Item{Item::kShutdown, {}, {}, 0, msg.shutdown().reason()});
+          queue.Push(Item{
+              Item::kShutdown, {}, {}, 0, msg.shutdown().reason(), msg.shutdown().job_finished()});
           return;
         default:
           break;
@@ -255,6 +258,11 @@ absl::Status RunWorker(const WorkerOptions& o) {
     const double wait = Since(wait_start);
     if (item.kind == Item::kShutdown) {
       LOG(INFO) << "shutdown: " << item.text;
+      if (item.job_finished && rank == 0) {
+        const std::string dir = job.output_dir + "/drafter";
+        result = ExportDrafter(*drafter, dir);
+        if (result.ok()) LOG(INFO) << "exported the drafter to " << dir;
+      }
       break;
     }
     if (item.kind == Item::kError) {
