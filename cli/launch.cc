@@ -187,7 +187,6 @@ int Launch(const LaunchOptions& o) {
     }
   }
   for (int r = 0; r < o.workers; ++r) {
-    const std::string name = absl::StrCat("worker ", r);
     if (add_child(absl::StrCat("worker-", r),
                   {worker_bin, "--coordinator", absl::StrCat("127.0.0.1:", port), "--id",
                    absl::StrCat("worker-", r), "--threads",

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
+#include "model/dflash_math.h"
 #include "model/synthetic_data.h"
 #include "model/trainer.h"
 
@@ -96,13 +97,10 @@ absl::Status RunSyntheticTraining(const SyntheticTrainingOptions& o) {
       steps_file << j.dump() << "\n";
     }
     if ((step + 1) % o.print_every == 0 || step + 1 == o.steps) {
-      DrafterLossResult window;
-      window.slot_correct = window_correct;
-      window.slot_total = window_total;
-      const std::vector<double> acc = window.SlotAccuracy();
+      const std::vector<double> acc = SlotAccuracy(window_correct, window_total);
       auto at = [&](size_t k) { return k <= acc.size() ? acc[k - 1] : 0.0; };
       std::printf("%6lld %9.4f %8.3f %8.3f %8.3f %8.3f %10.0f\n", static_cast<long long>(step + 1),
-                  window_loss / window_steps, at(1), at(2), at(4), window.TauEstimate(),
+                  window_loss / window_steps, at(1), at(2), at(4), TauEstimate(acc),
                   window_tokens / window_seconds);
       std::fflush(stdout);
       window_loss = window_tokens = window_seconds = 0;

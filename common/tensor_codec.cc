@@ -25,6 +25,10 @@ absl::Status ChunkError(const std::string& name, uint32_t index, absl::string_vi
 
 }  // namespace
 
+uint64_t NumChunks(uint64_t nbytes, size_t max_chunk_bytes) {
+  return nbytes == 0 ? 1 : (nbytes + max_chunk_bytes - 1) / max_chunk_bytes;
+}
+
 absl::Status EncodeTensor(const TensorSpec& spec, const void* data, size_t nbytes,
                           size_t max_chunk_bytes, v1::TensorChunk& chunk,
                           const std::function<absl::Status(v1::TensorChunk&)>& sink) {
@@ -35,7 +39,7 @@ absl::Status EncodeTensor(const TensorSpec& spec, const void* data, size_t nbyte
         absl::StrCat("tensor '", spec.name, "': shape ", ShapeString(spec.shape), " of ",
                      DTypeName(spec.dtype), " needs ", expected, " bytes, got ", nbytes));
   }
-  const uint64_t num_chunks = nbytes == 0 ? 1 : (nbytes + max_chunk_bytes - 1) / max_chunk_bytes;
+  const uint64_t num_chunks = NumChunks(nbytes, max_chunk_bytes);
   if (num_chunks > UINT32_MAX) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", spec.name, "' needs too many chunks"));

@@ -32,6 +32,9 @@ struct TensorSpec {
   }
 };
 
+// How many chunks a tensor of `nbytes` takes (an empty tensor still sends one, empty chunk).
+uint64_t NumChunks(uint64_t nbytes, size_t max_chunk_bytes);
+
 // Calls `sink` once per chunk, in order. `chunk` is reused between calls (its data buffer keeps its
 // capacity, so steady-state encoding allocates nothing): the sink must consume it before returning.
 // Data is copied into the chunk and checksummed in one pass.

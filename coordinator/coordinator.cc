@@ -185,8 +185,7 @@ class FetchReactor : public grpc::ServerWriteReactor<v1::TensorChunk> {
       chunk_.set_dtype(static_cast<v1::DType>(view_.dtype));
       for (int64_t d : view_.shape) chunk_.add_shape(d);
       chunk_.set_total_bytes(total_);
-      chunk_.set_num_chunks(static_cast<uint32_t>(
-          total_ == 0 ? 1 : (total_ + kDefaultMaxChunkBytes - 1) / kDefaultMaxChunkBytes));
+      chunk_.set_num_chunks(static_cast<uint32_t>(NumChunks(total_, kDefaultMaxChunkBytes)));
     }
   }
 
