@@ -139,6 +139,21 @@ absl::Status TensorAssembler::Start(const v1::TensorChunk& chunk) {
 }
 
 absl::Status TensorAssembler::Add(const v1::TensorChunk& chunk) {
+  const absl::Span<const uint8_t> data(reinterpret_cast<const uint8_t*>(chunk.data().data()),
+                                       chunk.data().size());
+  return AddImpl(chunk, absl::MakeConstSpan(&data, 1));
+}
+
+absl::Status TensorAssembler::Add(const v1::TensorChunk& header,
+                                  absl::Span<const absl::Span<const uint8_t>> data) {
+  if (!header.data().empty()) {
+    return absl::InvalidArgumentError("TensorAssembler::Add: header carries data too");
+  }
+  return AddImpl(header, data);
+}
+
+absl::Status TensorAssembler::AddImpl(const v1::TensorChunk& chunk,
+                                      absl::Span<const absl::Span<const uint8_t>> data) {
   if (!failed_.ok()) return failed_;
   auto fail = [&](absl::Status s) {
     failed_ = s;
@@ -171,30 +186,35 @@ absl::Status TensorAssembler::Add(const v1::TensorChunk& chunk) {
                                   ", expected index ", next_index_, " offset ", received_)));
     }
   }
-  const std::string& data = chunk.data();
+  uint64_t size = 0;
+  for (const auto& piece : data) size += piece.size();
   const uint32_t index = chunk.chunk_index();
-  if (data.size() > total_bytes_ - received_) {
+  if (size > total_bytes_ - received_) {
     return fail(ChunkError(spec_.name, index,
-                           absl::StrCat(data.size(), " data bytes at offset ", received_,
+                           absl::StrCat(size, " data bytes at offset ", received_,
                                         " overrun the tensor's ", total_bytes_, " bytes")));
   }
   const bool last = index + 1 == num_chunks_;
-  if (last != (received_ + data.size() == total_bytes_)) {
-    return fail(
-        ChunkError(spec_.name, index,
-                   absl::StrCat(last ? "is the last chunk but the tensor has "
-                                     : "is not the last chunk but the tensor has ",
-                                total_bytes_ - received_ - data.size(), " bytes left after it")));
+  if (last != (received_ + size == total_bytes_)) {
+    return fail(ChunkError(spec_.name, index,
+                           absl::StrCat(last ? "is the last chunk but the tensor has "
+                                             : "is not the last chunk but the tensor has ",
+                                        total_bytes_ - received_ - size, " bytes left after it")));
   }
-  const uint32_t crc =
-      data.empty() ? 0 : Crc32cCopy(0, dest_ + received_, data.data(), data.size());
+  uint32_t crc = 0;
+  uint8_t* dest = dest_ + received_;
+  for (const auto& piece : data) {
+    if (piece.empty()) continue;
+    crc = Crc32cCopy(crc, dest, piece.data(), piece.size());
+    dest += piece.size();
+  }
   if (crc != chunk.crc32c()) {
     return fail(
         ChunkError(spec_.name, index,
                    absl::StrCat("CRC-32C mismatch: computed ", absl::Hex(crc, absl::kZeroPad8),
                                 ", header says ", absl::Hex(chunk.crc32c(), absl::kZeroPad8))));
   }
-  received_ += data.size();
+  received_ += size;
   ++next_index_;
   return absl::OkStatus();
 }

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/dtype.h"
 
 namespace flashdraft {
@@ -62,6 +63,10 @@ class TensorAssembler {
   // after an error the assembler stays failed.
   absl::Status Add(const v1::TensorChunk& chunk);
 
+  // The same for a chunk whose data travels apart from its header (header.data() must be empty):
+  // `data` are the pieces of the chunk's data, in order (e.g. received gRPC slices).
+  absl::Status Add(const v1::TensorChunk& header, absl::Span<const absl::Span<const uint8_t>> data);
+
   bool started() const { return started_; }
   bool complete() const {
     return started_ && received_ == total_bytes_ && next_index_ == num_chunks_;
@@ -74,6 +79,8 @@ class TensorAssembler {
 
  private:
   absl::Status Start(const v1::TensorChunk& chunk);
+  absl::Status AddImpl(const v1::TensorChunk& header,
+                       absl::Span<const absl::Span<const uint8_t>> data);
 
   Allocate allocate_;
   uint64_t max_total_bytes_;

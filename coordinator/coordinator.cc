@@ -11,8 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/crc32c.h"
+#include "common/chunk_wire.h"
 #include "common/grpc_status.h"
+#include "common/queued_writer.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
@@ -37,54 +38,26 @@ constexpr int kMaxMessageBytes = 64 << 20;
 }  // namespace
 
 // The Train stream of one worker: an outbound queue with one write in flight; reads dispatch to the
-// coordinator, which never blocks in them.
-class TrainSession : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage> {
+// coordinator, which never blocks in them. The stream is raw (ByteBuffers): outgoing messages are
+// serialized CoordinatorMessages whose tensor chunks point at the coordinator's buffers
+// (common/chunk_wire.h), incoming ones are parsed here.
+class TrainSession
+    : public QueuedWriter<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>> {
  public:
-  explicit TrainSession(Coordinator* coordinator) : coordinator_(coordinator) { StartRead(&in_); }
-
-  void Send(std::shared_ptr<const v1::CoordinatorMessage> message) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (finished_) return;
-    queue_.push_back(std::move(message));
-    if (!writing_) {
-      writing_ = true;
-      StartWrite(queue_.front().get());
-    }
-  }
-
-  // Finishes once every queued message has been written.
-  void FinishAfterWrites(grpc::Status status) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (finished_) return;
-    finish_status_ = std::move(status);
-    finish_pending_ = true;
-    if (!writing_) FinishLocked();
-  }
-
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.pop_front();
-    if (!ok) {
-      queue_.clear();
-      writing_ = false;
-      if (!finished_) {
-        finish_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed");
-        FinishLocked();
-      }
-      return;
-    }
-    if (!queue_.empty() && !finished_) {
-      StartWrite(queue_.front().get());
-    } else {
-      writing_ = false;
-      if (finish_pending_) FinishLocked();
-    }
+  explicit TrainSession(Coordinator* coordinator) : coordinator_(coordinator) {
+    StartRead(&in_bytes_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
       coordinator_->SessionEnded(this, "the worker closed its stream");
       FinishAfterWrites(grpc::Status::OK);
+      return;
+    }
+    if (!BufferToMessage(in_bytes_, &in_)) {
+      if (rank_ >= 0) coordinator_->OnWorkerError(rank_, "sent a malformed WorkerMessage");
+      FinishAfterWrites(
+          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed WorkerMessage"));
       return;
     }
     if (rank_ < 0) {
@@ -109,7 +82,7 @@ class TrainSession : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coord
       default:
         break;
     }
-    StartRead(&in_);
+    StartRead(&in_bytes_);
   }
 
   void OnDone() override {
@@ -118,27 +91,18 @@ class TrainSession : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coord
   }
 
  private:
-  void FinishLocked() {
-    finished_ = true;
-    Finish(finish_status_);
-  }
-
   Coordinator* coordinator_;
+  grpc::ByteBuffer in_bytes_;
   v1::WorkerMessage in_;
   int rank_ = -1;
-  std::mutex mu_;
-  std::deque<std::shared_ptr<const v1::CoordinatorMessage>> queue_;
-  bool writing_ = false;
-  bool finished_ = false;
-  bool finish_pending_ = false;
-  grpc::Status finish_status_;
 };
 
-// FetchTensors: the frozen target tensors as chunks, one write in flight, encoded on the fly.
-class FetchReactor : public grpc::ServerWriteReactor<v1::TensorChunk> {
+// FetchTensors: the frozen target tensors as chunks, one write in flight, each chunk encoded right
+// before its write as a slice of the mapped target file (no copy).
+class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  FetchReactor(const Coordinator* coordinator, std::vector<std::string> names)
-      : coordinator_(coordinator), names_(std::move(names)) {
+  FetchReactor(std::shared_ptr<const SafetensorsModel> target, std::vector<std::string> names)
+      : target_(std::move(target)), names_(std::move(names)) {
     Next();
   }
   void OnWriteDone(bool ok) override {
@@ -153,17 +117,16 @@ class FetchReactor : public grpc::ServerWriteReactor<v1::TensorChunk> {
  private:
   void Next() {
     while (true) {
-      // The current tensor has bytes left, or is empty and still owes its one (empty) chunk.
-      if (tensor_ >= 0 && (offset_ < total_ || !sent_empty_)) {
-        const size_t len = std::min<uint64_t>(kDefaultMaxChunkBytes, total_ - offset_);
-        // Encode exactly one chunk: a sub-view starting at offset_.
-        chunk_.set_offset(offset_);
-        chunk_.set_chunk_index(static_cast<uint32_t>(offset_ / kDefaultMaxChunkBytes));
-        chunk_.mutable_data()->assign(reinterpret_cast<const char*>(view_.data) + offset_, len);
-        chunk_.set_crc32c(Crc32c(view_.data + offset_, len));
-        offset_ += len;
-        sent_empty_ = true;
-        StartWrite(&chunk_);
+      // An empty tensor still sends its one (empty) chunk: num_chunks is at least 1.
+      if (tensor_ >= 0 && next_index_ < header_.num_chunks()) {
+        const uint64_t offset = uint64_t{next_index_} * kDefaultMaxChunkBytes;
+        header_.set_offset(offset);
+        header_.set_chunk_index(next_index_++);
+        buffer_ =
+            EncodeChunkBuffer(header_, view_.data + offset,
+                              std::min<uint64_t>(kDefaultMaxChunkBytes, view_.nbytes - offset),
+                              target_, /*wrapper_field=*/0);
+        StartWrite(&buffer_);
         return;
       }
       ++tensor_;
@@ -171,34 +134,38 @@ class FetchReactor : public grpc::ServerWriteReactor<v1::TensorChunk> {
         Finish(grpc::Status::OK);
         return;
       }
-      absl::StatusOr<TensorView> view = coordinator_->target().Get(names_[tensor_]);
+      absl::StatusOr<TensorView> view = target_->Get(names_[tensor_]);
       if (!view.ok()) {
         Finish(ToGrpcStatus(view.status()));
         return;
       }
       view_ = *view;
-      total_ = view_.nbytes;
-      offset_ = 0;
-      sent_empty_ = false;
-      chunk_.Clear();
-      chunk_.set_name(names_[tensor_]);
-      chunk_.set_dtype(static_cast<v1::DType>(view_.dtype));
-      for (int64_t d : view_.shape) chunk_.add_shape(d);
-      chunk_.set_total_bytes(total_);
-      chunk_.set_num_chunks(static_cast<uint32_t>(NumChunks(total_, kDefaultMaxChunkBytes)));
+      header_.Clear();
+      header_.set_name(names_[tensor_]);
+      header_.set_dtype(static_cast<v1::DType>(view_.dtype));
+      for (int64_t d : view_.shape) header_.add_shape(d);
+      header_.set_total_bytes(view_.nbytes);
+      header_.set_num_chunks(static_cast<uint32_t>(NumChunks(view_.nbytes, kDefaultMaxChunkBytes)));
+      next_index_ = 0;
     }
   }
 
-  const Coordinator* coordinator_;
+  std::shared_ptr<const SafetensorsModel> target_;
   std::vector<std::string> names_;
   int tensor_ = -1;
   TensorView view_;
-  uint64_t total_ = 0, offset_ = 0;
-  bool sent_empty_ = false;
-  v1::TensorChunk chunk_;
+  v1::TensorChunk header_;
+  uint32_t next_index_ = 0;
+  grpc::ByteBuffer buffer_;
 };
 
-class CoordinatorServiceImpl : public v1::Coordinator::CallbackService {
+// Train and FetchTensors are raw methods (ByteBuffers) so that tensor bytes are never copied into
+// or out of protobuf messages; the bytes on the wire are the same protobuf encoding.
+class CoordinatorServiceImpl
+    : public v1::Coordinator::WithCallbackMethod_Join<v1::Coordinator::WithRawCallbackMethod_Train<
+          v1::Coordinator::WithRawCallbackMethod_FetchTensors<
+              v1::Coordinator::WithCallbackMethod_Status<
+                  v1::Coordinator::WithCallbackMethod_Store<v1::Coordinator::Service>>>>> {
  public:
   explicit CoordinatorServiceImpl(Coordinator* c) : c_(c) {}
 
@@ -210,25 +177,28 @@ class CoordinatorServiceImpl : public v1::Coordinator::CallbackService {
     return reactor;
   }
 
-  grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* Train(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Train(
       grpc::CallbackServerContext*) override {
     return new TrainSession(c_);
   }
 
-  grpc::ServerWriteReactor<v1::TensorChunk>* FetchTensors(
-      grpc::CallbackServerContext*, const v1::FetchTensorsRequest* request) override {
-    if (!c_->ValidToken(request->session_token())) {
-      struct Refuse : grpc::ServerWriteReactor<v1::TensorChunk> {
-        Refuse() {
-          Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown session token"));
-        }
-        void OnDone() override { delete this; }
-      };
-      return new Refuse();
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchTensors(
+      grpc::CallbackServerContext*, const grpc::ByteBuffer* request_bytes) override {
+    struct Refuse : grpc::ServerWriteReactor<grpc::ByteBuffer> {
+      explicit Refuse(grpc::Status status) { Finish(std::move(status)); }
+      void OnDone() override { delete this; }
+    };
+    v1::FetchTensorsRequest request;
+    if (!BufferToMessage(*request_bytes, &request)) {
+      return new Refuse(
+          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed FetchTensorsRequest"));
     }
-    std::vector<std::string> names(request->names().begin(), request->names().end());
+    if (!c_->ValidToken(request.session_token())) {
+      return new Refuse(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown session token"));
+    }
+    std::vector<std::string> names(request.names().begin(), request.names().end());
     if (names.empty()) names = c_->FrozenTensorNames();
-    return new FetchReactor(c_, std::move(names));
+    return new FetchReactor(c_->target_owner(), std::move(names));
   }
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest*,
@@ -495,9 +465,9 @@ absl::Status Coordinator::SendStep(uint64_t step) {
                                        static_cast<int64_t>(step));
   for (int rank = 0; rank < world_size_; ++rank) {
     const MicrobatchPlan& mb = plan.microbatches[rank];
-    std::vector<std::shared_ptr<const v1::CoordinatorMessage>> messages;
-    auto header = std::make_shared<v1::CoordinatorMessage>();
-    v1::Microbatch* m = header->mutable_microbatch();
+    std::vector<grpc::ByteBuffer> messages;
+    v1::CoordinatorMessage header;
+    v1::Microbatch* m = header.mutable_microbatch();
     m->set_step(step);
     m->set_membership_epoch(1);
     m->set_rank(rank);
@@ -505,54 +475,53 @@ absl::Status Coordinator::SendStep(uint64_t step) {
     m->set_global_weight_sum(plan.global_weight_sum);
     m->set_learning_rate(lr);
     m->set_num_tensors(4);
-    messages.push_back(header);
+    messages.push_back(MessageToBuffer(header));
 
-    // Right-padded [b, S] batch of this rank's samples, their features and anchors.
+    // Right-padded [b, S] batch of this rank's samples, their features and anchors. The buffers
+    // are shared with gRPC, which sends slices of them and releases them once written.
     const int64_t b = static_cast<int64_t>(mb.samples.size());
     int64_t s = 1;
     for (int64_t len : mb.lengths) s = std::max(s, len);
     const int64_t f = source_->feature_size();
     const size_t fbytes = ElementSize(source_->feature_dtype());
-    std::vector<int64_t> ids(b * s, 0);
-    std::vector<uint8_t> mask(b * s, 0);
-    std::vector<uint8_t> feats(b * s * f * fbytes, 0);
+    auto ids = std::make_shared<std::vector<int64_t>>(b * s, 0);
+    auto mask = std::make_shared<std::vector<uint8_t>>(b * s, 0);
+    auto feats = std::make_shared<std::vector<uint8_t>>(b * s * f * fbytes, 0);
     std::vector<std::vector<int64_t>> anchors(b);
     int64_t n = 1;
     for (int64_t i = 0; i < b; ++i) {
       FD_ASSIGN_OR_RETURN(Sample sample, source_->Get(mb.samples[i]));
       scheduler_->Truncate(sample);
       const int64_t len = sample.length();
-      std::copy(sample.input_ids.begin(), sample.input_ids.end(), ids.begin() + i * s);
-      for (int64_t t = 0; t < len; ++t) mask[i * s + t] = sample.loss_mask[t] != 0;
-      std::memcpy(feats.data() + i * s * f * fbytes, sample.features, len * f * fbytes);
+      std::copy(sample.input_ids.begin(), sample.input_ids.end(), ids->begin() + i * s);
+      for (int64_t t = 0; t < len; ++t) (*mask)[i * s + t] = sample.loss_mask[t] != 0;
+      std::memcpy(feats->data() + i * s * f * fbytes, sample.features, len * f * fbytes);
       anchors[i] = scheduler_->Anchors(sample, step);
       n = std::max<int64_t>(n, static_cast<int64_t>(anchors[i].size()));
     }
-    std::vector<int64_t> anchor_matrix(b * n, -1);
+    auto anchor_matrix = std::make_shared<std::vector<int64_t>>(b * n, -1);
     for (int64_t i = 0; i < b; ++i) {
-      std::copy(anchors[i].begin(), anchors[i].end(), anchor_matrix.begin() + i * n);
+      std::copy(anchors[i].begin(), anchors[i].end(), anchor_matrix->begin() + i * n);
     }
-    auto add_chunk = [&]() {
-      auto msg = std::make_shared<v1::CoordinatorMessage>();
-      messages.push_back(msg);
-      return msg->mutable_tensor_chunk();
-    };
-    FD_RETURN_IF_ERROR(AppendTensorChunks({"input_ids", DType::kI64, {b, s}}, ids.data(),
-                                          ids.size() * 8, kDefaultMaxChunkBytes, add_chunk));
-    FD_RETURN_IF_ERROR(AppendTensorChunks({"loss_mask", DType::kU8, {b, s}}, mask.data(),
-                                          mask.size(), kDefaultMaxChunkBytes, add_chunk));
-    FD_RETURN_IF_ERROR(AppendTensorChunks({"hidden_states", source_->feature_dtype(), {b, s, f}},
-                                          feats.data(), feats.size(), kDefaultMaxChunkBytes,
-                                          add_chunk));
-    FD_RETURN_IF_ERROR(AppendTensorChunks({"anchors", DType::kI64, {b, n}}, anchor_matrix.data(),
-                                          anchor_matrix.size() * 8, kDefaultMaxChunkBytes,
-                                          add_chunk));
+    const int field = kCoordinatorMessageChunkField;
+    FD_RETURN_IF_ERROR(EncodeTensorBuffers({"input_ids", DType::kI64, {b, s}}, ids->data(),
+                                           ids->size() * 8, kDefaultMaxChunkBytes, ids, field,
+                                           &messages));
+    FD_RETURN_IF_ERROR(EncodeTensorBuffers({"loss_mask", DType::kU8, {b, s}}, mask->data(),
+                                           mask->size(), kDefaultMaxChunkBytes, mask, field,
+                                           &messages));
+    FD_RETURN_IF_ERROR(EncodeTensorBuffers({"hidden_states", source_->feature_dtype(), {b, s, f}},
+                                           feats->data(), feats->size(), kDefaultMaxChunkBytes,
+                                           feats, field, &messages));
+    FD_RETURN_IF_ERROR(EncodeTensorBuffers({"anchors", DType::kI64, {b, n}}, anchor_matrix->data(),
+                                           anchor_matrix->size() * 8, kDefaultMaxChunkBytes,
+                                           anchor_matrix, field, &messages));
     std::lock_guard<std::mutex> lock(mu_);
     auto it = sessions_.find(rank);
     if (it == sessions_.end()) {
       return absl::UnavailableError(absl::StrCat("worker rank ", rank, " is gone"));
     }
-    for (auto& msg : messages) it->second->Send(msg);
+    for (grpc::ByteBuffer& msg : messages) it->second->Send(std::move(msg));
   }
   return absl::OkStatus();
 }
@@ -661,12 +630,13 @@ absl::Status Coordinator::Run() {
     }
     if (result.ok()) result = WaitForAcks(step);
     if (!result.ok()) break;
-    auto commit = std::make_shared<v1::CoordinatorMessage>();
-    commit->mutable_commit()->set_step(step);
-    commit->mutable_commit()->set_membership_epoch(1);
+    v1::CoordinatorMessage commit;
+    commit.mutable_commit()->set_step(step);
+    commit.mutable_commit()->set_membership_epoch(1);
     {
+      const grpc::ByteBuffer bytes = MessageToBuffer(commit);
       std::lock_guard<std::mutex> lock(mu_);
-      for (auto& [rank, session] : sessions_) session->Send(commit);
+      for (auto& [rank, session] : sessions_) session->Send(bytes);
     }
     const double now = Now();
     StepRecord r = Aggregate(step, now - step_start);
@@ -689,15 +659,16 @@ absl::Status Coordinator::Run() {
           100.0 * r.max_wait_seconds / std::max(1e-9, r.step_seconds), eta);
     }
   }
-  auto shutdown = std::make_shared<v1::CoordinatorMessage>();
-  shutdown->mutable_shutdown()->set_reason(result.ok() ? "job finished"
-                                                       : std::string(result.message()));
-  shutdown->mutable_shutdown()->set_job_finished(result.ok());
+  v1::CoordinatorMessage shutdown;
+  shutdown.mutable_shutdown()->set_reason(result.ok() ? "job finished"
+                                                      : std::string(result.message()));
+  shutdown.mutable_shutdown()->set_job_finished(result.ok());
   {
+    const grpc::ByteBuffer bytes = MessageToBuffer(shutdown);
     std::lock_guard<std::mutex> lock(mu_);
     running_ = false;
     for (auto& [rank, session] : sessions_) {
-      session->Send(shutdown);
+      session->Send(bytes);
       session->FinishAfterWrites(grpc::Status::OK);
     }
   }

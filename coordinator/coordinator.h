@@ -78,6 +78,8 @@ class Coordinator {
   void OnWorkerError(int rank, const std::string& error);
   RendezvousStore& store() { return store_; }
   const SafetensorsModel& target() const { return *target_; }
+  // Shared with gRPC slices that point into the mapped file while they are in flight.
+  std::shared_ptr<const SafetensorsModel> target_owner() const { return target_; }
   std::vector<std::string> FrozenTensorNames() const;
   void FillStatus(v1::StatusReply* reply) const;
 
@@ -95,7 +97,7 @@ class Coordinator {
   JobConfig job_;
   DrafterModelConfig drafter_config_;
   std::unique_ptr<ShardSource> source_;
-  std::unique_ptr<SafetensorsModel> target_;
+  std::shared_ptr<const SafetensorsModel> target_;
   std::unique_ptr<Scheduler> scheduler_;
   double gamma_ = 7.0;
   int world_size_ = 1;

@@ -3,10 +3,12 @@
 #include <iostream>
 
 #include "common/logging.h"
+#include "common/malloc_tuning.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
   flashdraft::InitLogging(argv[0]);
+  flashdraft::TuneMallocForStreaming();
   CLI::App app{"flashdraft worker: trains the drafter on microbatches from the coordinator"};
   flashdraft::WorkerOptions options;
   app.add_option("--coordinator", options.coordinator, "coordinator address host:port")->required();

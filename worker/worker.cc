@@ -12,6 +12,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/blocking_queue.h"
+#include "common/chunk_wire.h"
 #include "common/grpc_status.h"
 #include "common/job_config.h"
 #include "common/status_macros.h"
@@ -44,39 +46,42 @@ struct Item {
   bool job_finished = false;  // kShutdown: the job trained all its steps
 };
 
-class ItemQueue {
- public:
-  void Push(Item item) {
-    std::lock_guard<std::mutex> lock(mu_);
-    items_.push_back(std::move(item));
-    cv_.notify_one();
-  }
-  Item Pop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !items_.empty(); });
-    Item item = std::move(items_.front());
-    items_.pop_front();
-    return item;
-  }
+using ItemQueue = BlockingQueue<Item>;
 
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> items_;
-};
+// The Train and FetchTensors streams are read as raw ByteBuffers so that tensor chunks go from
+// gRPC's receive buffers straight into tensors (common/chunk_wire.h); the wire format is the
+// protobuf one, under the generated method names.
+std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, grpc::ByteBuffer>> OpenTrainStream(
+    const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext* ctx) {
+  const grpc::internal::RpcMethod method("/flashdraft.v1.Coordinator/Train",
+                                         grpc::internal::RpcMethod::BIDI_STREAMING, channel);
+  return std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, grpc::ByteBuffer>>(
+      grpc::internal::ClientReaderWriterFactory<v1::WorkerMessage, grpc::ByteBuffer>::Create(
+          channel.get(), method, ctx));
+}
 
-absl::StatusOr<std::map<std::string, torch::Tensor>> FetchFrozen(v1::Coordinator::Stub& stub,
-                                                                 const std::string& token) {
+absl::StatusOr<std::map<std::string, torch::Tensor>> FetchFrozen(
+    const std::shared_ptr<grpc::Channel>& channel, const std::string& token) {
   grpc::ClientContext ctx;
   v1::FetchTensorsRequest request;
   request.set_session_token(token);
-  auto reader = stub.FetchTensors(&ctx, request);
+  const grpc::internal::RpcMethod method("/flashdraft.v1.Coordinator/FetchTensors",
+                                         grpc::internal::RpcMethod::SERVER_STREAMING, channel);
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx,
+                                                                    request));
   std::map<std::string, torch::Tensor> out;
   TorchTensorSink sink;
   TensorAssembler assembler(sink.allocator());
-  v1::TensorChunk chunk;
-  while (reader->Read(&chunk)) {
-    FD_RETURN_IF_ERROR(assembler.Add(chunk));
+  grpc::ByteBuffer buffer;
+  ReceivedChunk chunk;
+  while (reader->Read(&buffer)) {
+    if (!ParseChunkBuffer(buffer, 0, &chunk)) {
+      ctx.TryCancel();
+      reader->Finish();
+      return absl::DataLossError("FetchTensors: the coordinator sent a malformed TensorChunk");
+    }
+    FD_RETURN_IF_ERROR(assembler.Add(chunk.header, chunk.data));
     if (assembler.complete()) {
       out[assembler.spec().name] = sink.tensor;
       assembler.Reset();
@@ -145,7 +150,7 @@ absl::Status RunWorker(const WorkerOptions& o) {
                       GlooCollective::Create(prefixed, rank, world, gloo));
 
   // --- Model: frozen target tensors from the coordinator, weights from rank 0 ---
-  FD_ASSIGN_OR_RETURN(auto frozen, FetchFrozen(*stub, token));
+  FD_ASSIGN_OR_RETURN(auto frozen, FetchFrozen(channel, token));
   if (!frozen.count("embed_tokens.weight")) {
     return absl::DataLossError("the coordinator sent no embed_tokens.weight");
   }
@@ -173,7 +178,7 @@ absl::Status RunWorker(const WorkerOptions& o) {
 
   // --- The Train stream: a reader thread, a heartbeat thread, this training thread ---
   grpc::ClientContext stream_ctx;
-  auto stream = stub->Train(&stream_ctx);
+  auto stream = OpenTrainStream(channel, &stream_ctx);
   std::mutex write_mu;
   auto write = [&](v1::WorkerMessage m) {
     m.set_worker_id(join.worker_id());
@@ -186,38 +191,74 @@ absl::Status RunWorker(const WorkerOptions& o) {
     hello.mutable_heartbeat()->set_unix_millis(0);
     if (!write(hello)) return absl::UnavailableError("the coordinator closed the Train stream");
   }
+  // The reader thread only receives; the decoder thread parses and assembles tensors (CRC + one
+  // copy out of gRPC's buffers), overlapping with the next receive; the training thread consumes
+  // whole microbatches.
+  BlockingQueue<grpc::ByteBuffer> received(/*capacity=*/64);
   ItemQueue queue;
   std::thread reader([&] {
+    grpc::ByteBuffer buffer;
+    while (stream->Read(&buffer)) {
+      if (!received.Push(std::move(buffer))) break;
+      buffer = grpc::ByteBuffer();
+    }
+    received.Close();
+  });
+  std::thread decoder([&] {
+    auto fail = [&](std::string why) {
+      queue.Push(Item{Item::kError, {}, {}, 0, std::move(why)});
+      received.Close();
+    };
     v1::CoordinatorMessage msg;
+    ReceivedChunk chunk;
     Item pending;
     uint32_t remaining = 0;
     TorchTensorSink sink;
     TensorAssembler assembler(sink.allocator());
-    while (stream->Read(&msg)) {
+    // Adds one chunk (`add_to` feeds it to the assembler) to the pending microbatch; false after a
+    // failure.
+    auto add = [&](const auto& add_to) {
+      if (remaining == 0) {
+        fail("a tensor chunk arrived outside a microbatch");
+        return false;
+      }
+      absl::Status s = add_to(assembler);
+      if (!s.ok()) {
+        fail(std::string(s.message()));
+        return false;
+      }
+      if (assembler.complete()) {
+        pending.tensors[assembler.spec().name] = sink.tensor;
+        assembler.Reset();
+        if (--remaining == 0) queue.Push(std::move(pending));
+      }
+      return true;
+    };
+    while (std::optional<grpc::ByteBuffer> buffer = received.Pop()) {
+      if (ParseChunkBuffer(*buffer, kCoordinatorMessageChunkField, &chunk)) {
+        if (!add([&](TensorAssembler& a) { return a.Add(chunk.header, chunk.data); })) return;
+        continue;
+      }
+      if (!BufferToMessage(*buffer, &msg)) {
+        return fail("the coordinator sent a malformed CoordinatorMessage");
+      }
       switch (msg.kind_case()) {
         case v1::CoordinatorMessage::kMicrobatch:
+          if (remaining != 0) return fail("a microbatch began before the previous one ended");
           pending = Item{Item::kBatch, msg.microbatch(), {}, msg.microbatch().step(), ""};
           remaining = msg.microbatch().num_tensors();
+          if (remaining == 0) queue.Push(std::move(pending));
           break;
-        case v1::CoordinatorMessage::kTensorChunk: {
-          absl::Status s = assembler.Add(msg.tensor_chunk());
-          if (!s.ok()) {
-            queue.Push(Item{Item::kError, {}, {}, 0, std::string(s.message())});
-            return;
-          }
-          if (assembler.complete()) {
-            pending.tensors[assembler.spec().name] = sink.tensor;
-            assembler.Reset();
-            if (--remaining == 0) queue.Push(std::move(pending));
-          }
+        case v1::CoordinatorMessage::kTensorChunk:  // another protobuf encoder's field order
+          if (!add([&](TensorAssembler& a) { return a.Add(msg.tensor_chunk()); })) return;
           break;
-        }
         case v1::CoordinatorMessage::kCommit:
           queue.Push(Item{Item::kCommit, {}, {}, msg.commit().step(), ""});
           break;
         case v1::CoordinatorMessage::kShutdown:
           queue.Push(Item{
               Item::kShutdown, {}, {}, 0, msg.shutdown().reason(), msg.shutdown().job_finished()});
+          received.Close();
           return;
         default:
           break;
@@ -253,7 +294,7 @@ absl::Status RunWorker(const WorkerOptions& o) {
       item = std::move(batches.front());
       batches.pop_front();
     } else {
-      item = queue.Pop();
+      item = *queue.Pop();
     }
     const double wait = Since(wait_start);
     if (item.kind == Item::kShutdown) {
@@ -315,7 +356,7 @@ absl::Status RunWorker(const WorkerOptions& o) {
     }
     // Only the commit makes the step real (DESIGN.md §2): until then gradients stay aside.
     while (true) {
-      Item next = queue.Pop();
+      Item next = *queue.Pop();
       if (next.kind == Item::kBatch) {
         batches.push_back(std::move(next));
       } else if (next.kind == Item::kCommit && next.step == h.step()) {
@@ -350,6 +391,8 @@ absl::Status RunWorker(const WorkerOptions& o) {
     stream->WritesDone();
   }
   if (!result.ok()) stream_ctx.TryCancel();
+  received.Close();
+  decoder.join();
   reader.join();
   stream->Finish();
   return result;
