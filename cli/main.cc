@@ -179,13 +179,14 @@ int main(int argc, char** argv) {
   shards->add_option("--seed", shard_options.seed, "seed")->capture_default_str();
 
   CLI::App* prepare = app.add_subcommand(
-      "prepare", "Offline shards from a Hugging Face target and tokenized JSONL chat data");
+      "prepare", "Offline shards from a Hugging Face target and JSONL chat data");
   flashdraft::PrepareOptions prepare_options;
   std::string prepare_layers;
   prepare->add_option("--target", prepare_options.target, "Hugging Face model folder")->required();
   prepare
       ->add_option("--data", prepare_options.data,
-                   "JSONL, one {\"input_ids\": [...], \"loss_mask\": [...]} per line")
+                   "JSONL: per line {\"input_ids\", \"loss_mask\"}, {\"messages\"} (role/content) "
+                   "or {\"conversations\"} (ShareGPT from/value)")
       ->required();
   prepare->add_option("--out", prepare_options.out, "output directory")->required();
   prepare->add_option("--layers", prepare_layers, "target layer ids, e.g. 1,9,17,25,33");
@@ -202,6 +203,15 @@ int main(int argc, char** argv) {
   prepare->add_flag("--skip-bad-lines", prepare_options.skip_bad_lines,
                     "report bad JSONL lines and go on (default: the first is fatal)");
   prepare->add_flag("--float32", prepare_options.float32_features, "F32 features instead of BF16");
+  prepare->add_option("--tokenizer", prepare_options.tokenizer,
+                      "tokenizer.json for chat lines (default: <target>/tokenizer.json)");
+  prepare->add_flag("--regenerate", prepare_options.regenerate,
+                    "replace assistant turns by the target's own greedy answers");
+  prepare
+      ->add_option("--max-new-tokens", prepare_options.max_new_tokens,
+                   "longest regenerated answer, in tokens")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
 
   CLI::App* status = app.add_subcommand("status", "Ask a running coordinator how the job is going");
   std::string status_address;

@@ -1,7 +1,13 @@
-// `flashdraft prepare`: offline shards from a real target model. Reads tokenized chat data (JSONL,
-// one {"input_ids": [...], "loss_mask": [...]} per line), runs the target (model/target_model.h) to
-// get the outputs of the conditioning layers, and writes shards + target.safetensors (the target's
-// embedding and lm_head) + manifest.json with the drafter config derived from the target.
+// `flashdraft prepare`: offline shards from a real target model. Reads chat data, one JSON object
+// per line, in any of three forms:
+//   {"input_ids": [...], "loss_mask": [...]}                 already tokenized
+//   {"messages": [{"role": "user", "content": "..."}, ...]}    OpenAI style (+ reasoning_content)
+//   {"conversations": [{"from": "human", "value": "..."}, ...]} ShareGPT style (human/gpt/system)
+// Chats are rendered with the Qwen3 chat template and tokenized with the target's tokenizer.json
+// (loss on the assistant turns); with --regenerate every assistant turn is first replaced by the
+// target's own greedy answer. Runs the target (model/target_model.h) to get the outputs of the
+// conditioning layers, and writes shards + target.safetensors (the target's embedding and lm_head)
+// + manifest.json with the drafter config derived from the target.
 // Resumable: complete shards of an interrupted run are kept and their samples skipped.
 #pragma once
 
@@ -13,8 +19,11 @@
 namespace flashdraft {
 
 struct PrepareOptions {
-  std::string target;  // Hugging Face folder
-  std::string data;    // tokenized JSONL
+  std::string target;     // Hugging Face folder
+  std::string data;       // JSONL (see above)
+  std::string tokenizer;  // tokenizer.json for chat lines; empty: <target>/tokenizer.json
+  bool regenerate = false;
+  int64_t max_new_tokens = 512;  // per regenerated assistant turn
   std::string out;
   std::vector<int> layer_ids;  // empty: DFLASH.md §2 formula with num_features
   int num_features = 5;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "model/generate.h"
 #include "model/wire_tensor.h"
 #include "tests/support/test_util.h"
 
@@ -90,6 +91,31 @@ TEST(TargetModelTest, IncrementalDecodingWithKvCacheMatchesFullForward) {
   EXPECT_LE(
       RelativeError(torch::cat(feats, 1).to(torch::kFloat64), full->features.to(torch::kFloat64)),
       1e-5);
+}
+
+TEST(TargetModelTest, GreedyGenerateEqualsArgmaxOfFullForwards) {
+  FD_SKIP_WITHOUT_REFERENCE_PYTHON();
+  TempDir dir;
+  MakeTarget(dir.path(), "--arch qwen3");
+  auto model = TargetModel::Load(dir.Join("model"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int64_t> prompt = {5, 17, 3, 99, 42};
+  auto generated = GreedyGenerate(**model, prompt, 12, {});
+  ASSERT_TRUE(generated.ok()) << generated.status();
+  ASSERT_EQ(generated->size(), 12u);
+  // Without a cache: the whole sequence again for each new token.
+  std::vector<int64_t> seq = prompt;
+  for (size_t i = 0; i < 12; ++i) {
+    auto out = (*model)->Forward(torch::tensor(seq, torch::kInt64).unsqueeze(0), {}, true);
+    ASSERT_TRUE(out.ok());
+    seq.push_back(out->logits.index({0, -1}).argmax().item<int64_t>());
+    EXPECT_EQ((*generated)[i], seq.back()) << "token " << i;
+  }
+  // A stop id ends generation and is included.
+  auto stopped = GreedyGenerate(**model, prompt, 12, {seq[prompt.size() + 2]});
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_LE(stopped->size(), 3u);
+  EXPECT_EQ(stopped->back(), seq[prompt.size() + 2]);
 }
 
 TEST(TargetModelTest, BadFoldersGetClearErrors) {

@@ -9,8 +9,10 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/chat_template.h"
 #include "common/file_util.h"
 #include "common/safetensors.h"
+#include "common/tokenizer.h"
 #include "tests/support/test_util.h"
 
 namespace flashdraft {
@@ -106,6 +108,116 @@ train: {max_steps: 8, global_batch_size: 4}
       RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir.Join("job.yaml"), " --workers 2"));
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("job finished: 8 steps"));
+}
+
+// A byte-level tokenizer.json in the Qwen2 layout: 256 byte tokens, a few merges, the ChatML
+// tokens.
+void WriteTinyTokenizer(const std::string& path) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[ByteLevelChar(static_cast<uint8_t>(b))] = b;
+  vocab["he"] = 261;
+  vocab["ll"] = 262;
+  const std::vector<std::string> added = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>",
+                                          "</think>"};
+  nlohmann::json added_tokens = nlohmann::json::array();
+  for (size_t i = 0; i < added.size(); ++i) {
+    added_tokens.push_back({{"id", 256 + i}, {"content", added[i]}, {"special", i < 3}});
+  }
+  const nlohmann::json j = {
+      {"normalizer", {{"type", "NFC"}}},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"},
+           {"pattern",
+            {{"Regex",
+              R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}}},
+           {"behavior", "Isolated"},
+           {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"h e", "l l"}}}},
+      {"added_tokens", added_tokens}};
+  std::ofstream(path) << j.dump();
+}
+
+TEST(PrepareTest, ChatLinesAreRenderedTokenizedAndRegenerated) {
+  FD_SKIP_WITHOUT_REFERENCE_PYTHON();
+  TempDir dir;
+  auto made =
+      RunCommand(absl::StrCat(::flashdraft::testing::kReferencePython, " ", kTargetReference, " ",
+                              dir.path(), " --arch qwen3 --layers 2 --ids-layers 1 --vocab 300"));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  std::ofstream data(dir.Join("chats.jsonl"));
+  data
+      << R"({"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hello there"}]})"
+      << "\n"
+      << R"({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yes"}, {"from": "human", "value": "and?"}, {"from": "gpt", "value": "no"}]})"
+      << "\n"
+      << R"({"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "x"}, {"role": "assistant", "content": "a"}]})"
+      << "\n"
+      << R"({"conversations": [{"from": "human", "value": "only a question"}]})"
+      << "\n";
+  data.close();
+  const std::string base =
+      absl::StrCat(kBin, "/flashdraft prepare --target ", dir.Join("model"), " --data ",
+                   dir.Join("chats.jsonl"), " --layers 1 --float32");
+  // Without a tokenizer.json in the target folder the chat lines cannot be read.
+  auto no_tokenizer = RunCommand(base + " --out " + dir.Join("none"));
+  EXPECT_EQ(no_tokenizer.exit_code, 1);
+  EXPECT_THAT(no_tokenizer.output, HasSubstr("chats.jsonl:1: chat lines need a tokenizer"));
+  EXPECT_THAT(no_tokenizer.output, HasSubstr("(give --tokenizer)"));
+
+  WriteTinyTokenizer(dir.Join("model/tokenizer.json"));
+  auto strict = RunCommand(base + " --out " + dir.Join("strict"));
+  EXPECT_EQ(strict.exit_code, 1);
+  EXPECT_THAT(strict.output, HasSubstr("chats.jsonl:3: message 1: role 'tool' is not supported"));
+  auto r = RunCommand(base + " --out " + dir.Join("shards") + " --skip-bad-lines");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("chats.jsonl:4: the conversation has no assistant turn"));
+  EXPECT_THAT(r.output, HasSubstr("2 bad line(s) skipped"));
+
+  // Sample 0 is the rendered, tokenized conversation with the loss on the assistant's answer.
+  auto tokenizer = Tokenizer::FromFile(dir.Join("model/tokenizer.json"));
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  auto rendered = RenderQwen3Chat({{"user", "hello", {}}, {"assistant", "hello there", {}}});
+  ASSERT_TRUE(rendered.ok());
+  const TokenizedChat want = TokenizeChat(**tokenizer, *rendered);
+  auto shard = SafetensorsFile::Open(dir.Join("shards/shard-00000.safetensors"));
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  const TensorView ids = *(*shard)->Get("input_ids");
+  const TensorView mask = *(*shard)->Get("loss_mask");
+  ASSERT_GE(ids.nbytes / 8, want.input_ids.size());
+  std::vector<int32_t> masked;
+  for (size_t k = 0; k < want.input_ids.size(); ++k) {
+    int64_t id;
+    std::memcpy(&id, ids.data + 8 * k, 8);
+    EXPECT_EQ(id, want.input_ids[k]) << k;
+    const bool in_loss = mask.data[k * ElementSize(mask.dtype)] != 0;
+    EXPECT_EQ(in_loss, want.loss_mask[k] != 0) << k;
+    if (in_loss) masked.push_back(static_cast<int32_t>(id));
+  }
+  EXPECT_EQ((*tokenizer)->Decode(masked), "<think>\n\n</think>\n\nhello there<|im_end|>");
+
+  // --regenerate: the answers are the (random) target's own, at most 3 tokens each.
+  auto regen = RunCommand(base + " --out " + dir.Join("regen") +
+                          " --skip-bad-lines --regenerate --max-new-tokens 3");
+  ASSERT_EQ(regen.exit_code, 0) << regen.output;
+  auto regen_shard = SafetensorsFile::Open(dir.Join("regen/shard-00000.safetensors"));
+  ASSERT_TRUE(regen_shard.ok());
+  const TensorView regen_ids = *(*regen_shard)->Get("input_ids");
+  int64_t first_len;  // offsets[1]: the end of sample 0
+  std::memcpy(&first_len, (*regen_shard)->Get("offsets")->data + 8, 8);
+  std::vector<int64_t> got(static_cast<size_t>(first_len));
+  std::memcpy(got.data(), regen_ids.data, got.size() * 8);
+  // The prompt part is the same; the answer is the target's (≤ 3 tokens + the template's).
+  const size_t prompt = static_cast<size_t>(
+      std::find(want.loss_mask.begin(), want.loss_mask.end(), 1) - want.loss_mask.begin());
+  ASSERT_GT(got.size(), prompt);
+  EXPECT_TRUE(std::equal(got.begin(), got.begin() + prompt, want.input_ids.begin()));
+  EXPECT_NE(got, std::vector<int64_t>(want.input_ids.begin(), want.input_ids.end()));
+  // <think>\n\n</think>\n\n (6 tokens here), the answer's 3 tokens as text (a partial UTF-8
+  // sequence decodes to U+FFFD, 3 byte tokens when encoded again), <|im_end|>.
+  EXPECT_LE(got.size(), prompt + 6 + 3 * 3 + 1);
 }
 
 TEST(PrepareTest, MissingInputsAreNamed) {

@@ -88,9 +88,10 @@ def main():
     ap.add_argument("--rope-scaling", action="store_true")
     ap.add_argument("--ids-layers", default="1,3")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab", type=int, default=101)
     a = ap.parse_args()
     g = torch.Generator().manual_seed(a.seed)
-    H, nh, kvh, hd, inter, V = 32, 4, 2, 8, 64, 101
+    H, nh, kvh, hd, inter, V = 32, 4, 2, 8, 64, a.vocab
     cfg = {"model_type": a.arch, "architectures": ["Qwen3ForCausalLM" if a.arch == "qwen3" else "LlamaForCausalLM"],
            "hidden_size": H, "intermediate_size": inter, "num_hidden_layers": a.layers,
            "num_attention_heads": nh, "num_key_value_heads": kvh, "head_dim": hd, "vocab_size": V,
