@@ -183,11 +183,13 @@ int main(int argc, char** argv) {
   flashdraft::PrepareOptions prepare_options;
   std::string prepare_layers;
   prepare->add_option("--target", prepare_options.target, "Hugging Face model folder")->required();
-  prepare
-      ->add_option("--data", prepare_options.data,
-                   "JSONL: per line {\"input_ids\", \"loss_mask\"}, {\"messages\"} (role/content) "
-                   "or {\"conversations\"} (ShareGPT from/value)")
-      ->required();
+  prepare->add_option(
+      "--data", prepare_options.data,
+      "JSONL: per line {\"input_ids\", \"loss_mask\"}, {\"messages\"} (role/content) "
+      "or {\"conversations\"} (ShareGPT from/value)");
+  prepare->add_option("--import-specforge", prepare_options.import_specforge,
+                      "instead of --data: a folder of SpecForge offline samples (torch.save dicts "
+                      "of input_ids, loss_mask, hidden_states)");
   prepare->add_option("--out", prepare_options.out, "output directory")->required();
   prepare->add_option("--layers", prepare_layers, "target layer ids, e.g. 1,9,17,25,33");
   prepare

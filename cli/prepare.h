@@ -8,6 +8,9 @@
 // target's own greedy answer. Runs the target (model/target_model.h) to get the outputs of the
 // conditioning layers, and writes shards + target.safetensors (the target's embedding and lm_head)
 // + manifest.json with the drafter config derived from the target.
+// --import-specforge DIR instead converts SpecForge's offline DFlash samples (one torch.save dict
+// per file, *.pt or *.ckpt: input_ids [S], loss_mask [S], hidden_states [S, n·H]) into shards,
+// without running the target (it only provides the config, embedding and lm_head).
 // Resumable: complete shards of an interrupted run are kept and their samples skipped.
 #pragma once
 
@@ -19,9 +22,10 @@
 namespace flashdraft {
 
 struct PrepareOptions {
-  std::string target;     // Hugging Face folder
-  std::string data;       // JSONL (see above)
-  std::string tokenizer;  // tokenizer.json for chat lines; empty: <target>/tokenizer.json
+  std::string target;            // Hugging Face folder
+  std::string data;              // JSONL (see above)
+  std::string import_specforge;  // instead of data: a folder of SpecForge torch.save samples
+  std::string tokenizer;         // tokenizer.json for chat lines; empty: <target>/tokenizer.json
   bool regenerate = false;
   int64_t max_new_tokens = 512;  // per regenerated assistant turn
   std::string out;

@@ -220,12 +220,94 @@ TEST(PrepareTest, ChatLinesAreRenderedTokenizedAndRegenerated) {
   EXPECT_LE(got.size(), prompt + 6 + 3 * 3 + 1);
 }
 
+TEST(PrepareTest, ImportsSpecForgeSamplesWrittenByTorchSave) {
+  FD_SKIP_WITHOUT_REFERENCE_PYTHON();
+  TempDir dir;
+  auto made =
+      RunCommand(absl::StrCat(::flashdraft::testing::kReferencePython, " ", kTargetReference, " ",
+                              dir.path(), " --arch qwen3 --layers 4 --ids-layers 1"));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  // SpecForge's layout: one torch.save dict per sample under rows_*/; data_3 has the wrong
+  // width, data_5 is not a torch file; data_10 sorts after data_6.
+  auto written = ::flashdraft::testing::RunReferencePython(R"(
+import json, os, sys, torch
+root = sys.argv[1]
+os.makedirs(root + "/rows_0")
+g = torch.Generator().manual_seed(7)
+summary = []
+for i in [0, 1, 2, 3, 4, 5, 6, 10]:
+    path = f"{root}/rows_0/data_{i}.ckpt"
+    if i == 5:
+        open(path, "wb").write(b"not a pickle")
+        continue
+    L = 10 + i
+    ids = torch.randint(0, 101, (1, L), generator=g)
+    mask = (torch.arange(L) >= 4).long().unsqueeze(0)
+    width = 48 if i == 3 else 64
+    hs = torch.randn(1, L, width, generator=g, dtype=torch.float32)
+    torch.save({"input_ids": ids, "loss_mask": mask, "hidden_states": hs}, path)
+    if i != 3:
+        summary.append({"ids": ids[0].tolist(), "sum": float(hs.double().sum())})
+print(json.dumps(summary))
+)",
+                                                           {dir.Join("sf")});
+  ASSERT_TRUE(written.ok()) << written.status();
+  const nlohmann::json expected = nlohmann::json::parse(*written);
+  const std::string prepare =
+      absl::StrCat(kBin, "/flashdraft prepare --target ", dir.Join("model"), " --import-specforge ",
+                   dir.Join("sf"), " --out ", dir.Join("shards"), " --float32");
+  auto strict = RunCommand(prepare);
+  EXPECT_EQ(strict.exit_code, 1);
+  EXPECT_THAT(strict.output,
+              HasSubstr("data_3.ckpt: hidden_states width 48 is not 2 layers x "
+                        "hidden size 32 = 64 (--skip-bad-lines to skip such files)"));
+  auto r = RunCommand(prepare + " --skip-bad-lines");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("data_5.ckpt: not a torch.save file"));
+  EXPECT_THAT(r.output, HasSubstr("2 bad file(s) skipped"));
+  auto manifest = nlohmann::json::parse(*ReadFile(dir.Join("shards/manifest.json")));
+  EXPECT_EQ(manifest["num_samples"], 6);
+  // Samples in natural file order, ids and features as saved.
+  auto shard = SafetensorsFile::Open(dir.Join("shards/shard-00000.safetensors"));
+  ASSERT_TRUE(shard.ok());
+  const TensorView offsets = *(*shard)->Get("offsets");
+  const TensorView ids = *(*shard)->Get("input_ids");
+  const TensorView feats = *(*shard)->Get("hidden_states");
+  ASSERT_EQ(expected.size(), 6u);
+  for (size_t k = 0; k < expected.size(); ++k) {
+    int64_t begin, end;
+    std::memcpy(&begin, offsets.data + 8 * k, 8);
+    std::memcpy(&end, offsets.data + 8 * (k + 1), 8);
+    std::vector<int64_t> got(static_cast<size_t>(end - begin));
+    std::memcpy(got.data(), ids.data + 8 * begin, got.size() * 8);
+    EXPECT_EQ(got, expected[k]["ids"].get<std::vector<int64_t>>()) << "sample " << k;
+    double sum = 0;
+    for (int64_t i = begin * 64; i < end * 64; ++i) {
+      float v;
+      std::memcpy(&v, feats.data + 4 * i, 4);
+      sum += v;
+    }
+    EXPECT_NEAR(sum, expected[k]["sum"].get<double>(), 1e-9) << "sample " << k;
+  }
+}
+
 TEST(PrepareTest, MissingInputsAreNamed) {
   TempDir dir;
   auto r = RunCommand(absl::StrCat(kBin, "/flashdraft prepare --target ", dir.Join("nope"),
                                    " --data ", dir.Join("d.jsonl"), " --out ", dir.Join("o")));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("nope/config.json: cannot open"));
+  for (const std::string& inputs :
+       {std::string(""), absl::StrCat(" --data x.jsonl --import-specforge ", dir.path())}) {
+    auto both = RunCommand(absl::StrCat(kBin, "/flashdraft prepare --target ", dir.Join("nope"),
+                                        " --out ", dir.Join("o"), inputs));
+    EXPECT_EQ(both.exit_code, 1);
+    EXPECT_THAT(both.output, HasSubstr("give exactly one of --data and --import-specforge"));
+  }
+  auto empty =
+      RunCommand(absl::StrCat(kBin, "/flashdraft prepare --target ", dir.Join("nope"), " --out ",
+                              dir.Join("o"), " --import-specforge ", dir.Join("none")));
+  EXPECT_EQ(empty.exit_code, 1);
 }
 
 }  // namespace
