@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/launch.h"
 #include "cli/make_shards.h"
+#include "cli/make_tiny_target.h"
 #include "cli/prepare.h"
 #include "cli/train_synthetic.h"
 #include "common/crc32c.h"
@@ -178,6 +179,27 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   shards->add_option("--seed", shard_options.seed, "seed")->capture_default_str();
 
+  CLI::App* tiny = app.add_subcommand(
+      "make-tiny-target",
+      "Create a small Qwen3-shaped Hugging Face target trained on Debian's license texts");
+  flashdraft::MakeTinyTargetOptions tiny_options;
+  tiny->add_option("--out", tiny_options.out, "output folder")->required();
+  tiny->add_option("--steps", tiny_options.steps, "training steps")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  tiny->add_option("--merges", tiny_options.num_merges, "BPE merges")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  tiny->add_option("--hidden", tiny_options.hidden_size, "hidden size")->capture_default_str();
+  tiny->add_option("--layers", tiny_options.num_layers, "decoder layers")->capture_default_str();
+  tiny->add_option("--corpus", tiny_options.corpus_dir, "folder of text files")
+      ->capture_default_str();
+  tiny->add_option("--threads", tiny_options.threads, "intra-op threads")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  tiny->add_option("--seed", tiny_options.seed, "seed")->capture_default_str();
+  tiny->add_flag("--force", tiny_options.force, "retrain even if the folder is up to date");
+
   CLI::App* prepare = app.add_subcommand(
       "prepare", "Offline shards from a Hugging Face target and JSONL chat data");
   flashdraft::PrepareOptions prepare_options;
@@ -239,6 +261,10 @@ int main(int argc, char** argv) {
       return flashdraft::Fail(s);
     }
     absl::Status s = flashdraft::Prepare(prepare_options);
+    return s.ok() ? 0 : flashdraft::Fail(s);
+  }
+  if (tiny->parsed()) {
+    absl::Status s = flashdraft::MakeTinyTarget(tiny_options);
     return s.ok() ? 0 : flashdraft::Fail(s);
   }
   if (shards->parsed()) {

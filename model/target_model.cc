@@ -101,16 +101,25 @@ absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Load(const std::string
   FD_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/config.json"));
   FD_ASSIGN_OR_RETURN(TargetModelConfig c, ParseTargetConfig(text, dir + "/config.json"));
   FD_ASSIGN_OR_RETURN(auto weights, SafetensorsModel::Open(dir));
+  return FromWeights(
+      c,
+      [&](const std::string& name, const std::vector<int64_t>& shape) {
+        return LoadFloatWeight(*weights, name, shape, dtype);
+      },
+      [&](const std::string& name) { return weights->Contains(name); });
+}
+
+absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::FromWeights(
+    const TargetModelConfig& c, const WeightGetter& load,
+    const std::function<bool(const std::string&)>& has, bool trainable) {
   auto model = std::unique_ptr<TargetModel>(new TargetModel());
   model->config_ = c;
-  auto load = [&](const std::string& name, const std::vector<int64_t>& shape) {
-    return LoadFloatWeight(*weights, name, shape, dtype);
-  };
+  model->trainable_ = trainable;
   const int64_t h = c.hidden_size, q_dim = c.num_attention_heads * c.head_dim,
                 kv_dim = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
   FD_ASSIGN_OR_RETURN(model->embed_, load("model.embed_tokens.weight", {c.vocab_size, h}));
   FD_ASSIGN_OR_RETURN(model->final_norm_, load("model.norm.weight", {h}));
-  if (weights->Contains("lm_head.weight") || !c.tie_word_embeddings) {
+  if (has("lm_head.weight") || !c.tie_word_embeddings) {
     FD_ASSIGN_OR_RETURN(model->lm_head_, load("lm_head.weight", {c.vocab_size, h}));
   } else {
     model->lm_head_ = model->embed_;
@@ -154,7 +163,7 @@ absl::StatusOr<TargetOutput> TargetModel::Forward(const torch::Tensor& input_ids
       (input_ids.min().item<int64_t>() < 0 || input_ids.max().item<int64_t>() >= c.vocab_size)) {
     return absl::InvalidArgumentError(absl::StrCat("input_ids must be in [0, ", c.vocab_size, ")"));
   }
-  torch::NoGradGuard no_grad;
+  torch::AutoGradMode grad_mode(trainable_);  // inference builds no graph
   const int64_t b = input_ids.size(0), s = input_ids.size(1), hd = c.head_dim;
   const int64_t past = cache != nullptr ? cache->length() : 0;
   if (cache != nullptr && cache->keys.empty()) {

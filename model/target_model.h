@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -60,6 +61,16 @@ class TargetModel {
                                        const std::vector<int>& layer_ids, bool with_logits,
                                        KvCache* cache = nullptr) const;
 
+  // Builds a model from tensors named as in Hugging Face checkpoints: `get(name, shape)` returns
+  // each (or an error), `has(name)` tells whether an optional one (lm_head.weight) exists. With
+  // `trainable`, Forward records autograd so the tensors can be trained (make-tiny-target);
+  // otherwise it never does.
+  using WeightGetter =
+      std::function<absl::StatusOr<torch::Tensor>(const std::string&, const std::vector<int64_t>&)>;
+  static absl::StatusOr<std::unique_ptr<TargetModel>> FromWeights(
+      const TargetModelConfig& config, const WeightGetter& get,
+      const std::function<bool(const std::string&)>& has, bool trainable = false);
+
   const TargetModelConfig& config() const { return config_; }
   const torch::Tensor& embed_tokens() const { return embed_; }
   const torch::Tensor& lm_head() const { return lm_head_; }
@@ -71,6 +82,7 @@ class TargetModel {
   TargetModelConfig config_;
   torch::Tensor embed_, lm_head_, final_norm_, inv_freq_;
   std::vector<Layer> layers_;
+  bool trainable_ = false;
 };
 
 }  // namespace flashdraft

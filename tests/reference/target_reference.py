@@ -78,6 +78,38 @@ def forward(cfg, w, ids):
     return hidden, logits  # hidden[i + 1] is the output of decoder layer i
 
 
+def read_safetensors(path):
+    import struct
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        assert info["dtype"] == "F32", (name, info["dtype"])
+        b, e = info["data_offsets"]
+        t = torch.frombuffer(bytearray(data[8 + n + b:8 + n + e]), dtype=torch.float32)
+        out[name] = t.reshape(info["shape"]).double()
+    return out
+
+
+def reference_for_existing(a):
+    """Reference outputs of an existing folder (make-tiny-target's), on random ids."""
+    cfg = json.load(open(os.path.join(a.existing, "config.json")))
+    w = read_safetensors(os.path.join(a.existing, "model.safetensors"))
+    g = torch.Generator().manual_seed(a.seed)
+    ids = torch.randint(0, cfg["vocab_size"], (2, 24), generator=g)
+    os.makedirs(a.out, exist_ok=True)
+    write_safetensors(os.path.join(a.out, "ids.safetensors"), {"input_ids": ids})
+    hidden, logits = forward(cfg, w, ids)
+    layers = [int(x) for x in a.ids_layers.split(",")]
+    feats = torch.cat([hidden[i + 1] for i in layers], -1)
+    write_safetensors(os.path.join(a.out, "ref.safetensors"),
+                      {"hidden_states": feats.float(), "logits": logits.float()})
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -89,7 +121,12 @@ def main():
     ap.add_argument("--ids-layers", default="1,3")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab", type=int, default=101)
+    ap.add_argument("--existing", help="instead of a random model: this Hugging Face folder "
+                    "(config.json + model.safetensors); writes only ids and ref")
     a = ap.parse_args()
+    if a.existing:
+        reference_for_existing(a)
+        return
     g = torch.Generator().manual_seed(a.seed)
     H, nh, kvh, hd, inter, V = 32, 4, 2, 8, 64, a.vocab
     cfg = {"model_type": a.arch, "architectures": ["Qwen3ForCausalLM" if a.arch == "qwen3" else "LlamaForCausalLM"],

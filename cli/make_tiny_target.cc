@@ -1,0 +1,237 @@
+#include "cli/make_tiny_target.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/bpe_trainer.h"
+#include "common/crc32c.h"
+#include "common/file_util.h"
+#include "common/safetensors.h"
+#include "common/status_macros.h"
+#include "common/tokenizer.h"
+#include "model/generate.h"
+#include "model/target_model.h"
+
+namespace flashdraft {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// A ChatML template for Hugging Face loaders (flashdraft itself renders chats with its Qwen3
+// template, which produces the same turns plus the <think> block of the last assistant turn).
+constexpr const char* kChatTemplate =
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+// The corpus: regular files (not links, which repeat them) in name order.
+absl::StatusOr<std::vector<std::string>> ReadCorpus(const std::string& dir) {
+  std::error_code ec;
+  std::vector<fs::path> paths;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    if (it->is_regular_file() && !it->is_symlink()) paths.push_back(it->path());
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat(dir, ": ", ec.message()));
+  std::sort(paths.begin(), paths.end());
+  std::vector<std::string> texts;
+  for (const fs::path& p : paths) {
+    FD_ASSIGN_OR_RETURN(std::string text, ReadFile(p.string()));
+    texts.push_back(std::move(text));
+  }
+  if (texts.empty()) return absl::NotFoundError(absl::StrCat(dir, ": no text files"));
+  return texts;
+}
+
+json ConfigJson(const MakeTinyTargetOptions& o, int64_t vocab_size, int64_t eos, int64_t bos) {
+  return json{{"architectures", {"Qwen3ForCausalLM"}},
+              {"model_type", "qwen3"},
+              {"hidden_size", o.hidden_size},
+              {"intermediate_size", o.intermediate_size},
+              {"num_hidden_layers", o.num_layers},
+              {"num_attention_heads", o.num_heads},
+              {"num_key_value_heads", o.num_kv_heads},
+              {"head_dim", o.hidden_size / o.num_heads},
+              {"vocab_size", vocab_size},
+              {"max_position_embeddings", 2048},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 1000000.0},
+              {"tie_word_embeddings", true},
+              {"attention_bias", false},
+              {"hidden_act", "silu"},
+              {"bos_token_id", bos},
+              {"eos_token_id", eos},
+              {"torch_dtype", "float32"}};
+}
+
+}  // namespace
+
+absl::Status MakeTinyTarget(const MakeTinyTargetOptions& o) {
+  if (o.out.empty()) return absl::InvalidArgumentError("--out is required");
+  if (o.hidden_size % o.num_heads != 0 || o.num_heads % o.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        "hidden size must divide by the heads, and the heads by the KV heads");
+  }
+  FD_ASSIGN_OR_RETURN(std::vector<std::string> corpus, ReadCorpus(o.corpus_dir));
+  uint32_t digest = 0;
+  size_t corpus_bytes = 0;
+  for (const std::string& t : corpus) {
+    digest = Crc32cExtend(digest, t.data(), t.size());
+    corpus_bytes += t.size();
+  }
+  // Everything the result depends on; an equal stamp means the folder is up to date.
+  const json stamp = {{"flashdraft_tiny_target", 1},
+                      {"corpus_crc32c", digest},
+                      {"corpus_bytes", corpus_bytes},
+                      {"merges", o.num_merges},
+                      {"hidden", o.hidden_size},
+                      {"layers", o.num_layers},
+                      {"heads", o.num_heads},
+                      {"kv_heads", o.num_kv_heads},
+                      {"intermediate", o.intermediate_size},
+                      {"steps", o.steps},
+                      {"batch", o.batch_size},
+                      {"seq_len", o.seq_len},
+                      {"lr", o.learning_rate},
+                      {"seed", o.seed},
+                      {"threads", o.threads}};
+  const std::string stamp_path = o.out + "/flashdraft_tiny_target.json";
+  if (!o.force) {
+    absl::StatusOr<std::string> old = ReadFile(stamp_path);
+    if (old.ok() && json::parse(*old, nullptr, false) == stamp) {
+      std::printf("%s is up to date (same corpus and options; --force retrains)\n", o.out.c_str());
+      return absl::OkStatus();
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(o.out, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", o.out, ": ", ec.message()));
+  std::remove(stamp_path.c_str());
+  const auto t0 = std::chrono::steady_clock::now();
+
+  // 1. Tokenizer.
+  BpeTrainerOptions bpe;
+  bpe.num_merges = o.num_merges;
+  FD_ASSIGN_OR_RETURN(std::string tokenizer_json, TrainByteLevelBpe(corpus, bpe));
+  FD_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
+                      Tokenizer::FromJson(tokenizer_json, "trained tokenizer"));
+  const int64_t eos = *tokenizer->TokenToId("<|endoftext|>");
+  const int64_t im_end = *tokenizer->TokenToId("<|im_end|>");
+  // Room after the tokenizer's ids (the drafter's mask token is the first unused row).
+  const int64_t vocab_size = (tokenizer->vocab_size() + 64) / 64 * 64;
+  std::vector<int64_t> stream;
+  for (const std::string& text : corpus) {
+    for (int32_t id : tokenizer->Encode(text)) stream.push_back(id);
+    stream.push_back(eos);
+  }
+  std::printf("tokenizer: %d merges, %d ids; corpus %zu bytes -> %zu tokens\n", o.num_merges,
+              tokenizer->vocab_size(), corpus_bytes, stream.size());
+  if (static_cast<int64_t>(stream.size()) <= o.seq_len + 1) {
+    return absl::InvalidArgumentError("the corpus is shorter than one training sequence");
+  }
+
+  // 2. Model: Hugging Face names, small normal init, trained through TargetModel's own forward.
+  torch::manual_seed(o.seed);
+  torch::set_num_threads(o.threads);
+  const json config = ConfigJson(o, vocab_size, eos, eos);
+  FD_ASSIGN_OR_RETURN(TargetModelConfig tc, ParseTargetConfig(config.dump(), "tiny config"));
+  std::map<std::string, torch::Tensor> params;
+  auto get = [&](const std::string& name,
+                 const std::vector<int64_t>& shape) -> absl::StatusOr<torch::Tensor> {
+    const bool norm = name.find("norm") != std::string::npos;
+    torch::Tensor t = norm ? torch::ones(shape) : torch::randn(shape) * 0.02;
+    t.set_requires_grad(true);
+    params[name] = t;
+    return t;
+  };
+  FD_ASSIGN_OR_RETURN(auto model, TargetModel::FromWeights(
+                                      tc, get, [](const std::string&) { return false; },
+                                      /*trainable=*/true));
+  std::vector<torch::Tensor> all;
+  for (auto& [name, t] : params) all.push_back(t);
+  torch::optim::AdamW optimizer(
+      all, torch::optim::AdamWOptions(o.learning_rate).betas({0.9, 0.95}).weight_decay(0.01));
+  std::mt19937_64 rng(o.seed);
+  const int64_t warmup = std::max<int64_t>(1, o.steps / 10);
+  double first_loss = 0, last_loss = 0;
+  for (int64_t step = 0; step < o.steps; ++step) {
+    std::vector<int64_t> batch;
+    for (int64_t b = 0; b < o.batch_size; ++b) {
+      const size_t start = rng() % (stream.size() - o.seq_len - 1);
+      batch.insert(batch.end(), stream.begin() + start, stream.begin() + start + o.seq_len + 1);
+    }
+    const torch::Tensor tokens =
+        torch::tensor(batch, torch::kInt64).view({o.batch_size, o.seq_len + 1});
+    FD_ASSIGN_OR_RETURN(TargetOutput out,
+                        model->Forward(tokens.narrow(1, 0, o.seq_len), {}, /*with_logits=*/true));
+    const torch::Tensor loss = torch::nn::functional::cross_entropy(
+        out.logits.reshape({-1, vocab_size}), tokens.narrow(1, 1, o.seq_len).reshape(-1));
+    const double lr =
+        step < warmup
+            ? o.learning_rate * (step + 1) / warmup
+            : o.learning_rate * 0.5 *
+                  (1 + std::cos(M_PI * (step - warmup) / std::max<int64_t>(1, o.steps - warmup)));
+    for (auto& group : optimizer.param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    }
+    optimizer.zero_grad();
+    loss.backward();
+    torch::nn::utils::clip_grad_norm_(all, 1.0);
+    optimizer.step();
+    last_loss = loss.item<double>();
+    if (step == 0) first_loss = last_loss;
+    if (step % 25 == 0 || step + 1 == o.steps) {
+      std::printf("step %lld/%lld  loss %.4f\n", static_cast<long long>(step + 1),
+                  static_cast<long long>(o.steps), last_loss);
+      std::fflush(stdout);
+    }
+  }
+
+  // 3. The folder.
+  SafetensorsWriter weights;
+  for (auto& [name, t] : params) {
+    const torch::Tensor c = t.detach().contiguous();
+    FD_RETURN_IF_ERROR(weights.Add(name, DType::kF32, c.sizes().vec(), c.data_ptr(), c.nbytes()));
+  }
+  FD_RETURN_IF_ERROR(weights.Write(o.out + "/model.safetensors"));
+  FD_RETURN_IF_ERROR(WriteFileAtomically(o.out + "/config.json", config.dump(2) + "\n"));
+  FD_RETURN_IF_ERROR(WriteFileAtomically(o.out + "/tokenizer.json", tokenizer_json));
+  const json tokenizer_config = {{"tokenizer_class", "Qwen2Tokenizer"},
+                                 {"bos_token", nullptr},
+                                 {"eos_token", "<|im_end|>"},
+                                 {"pad_token", "<|endoftext|>"},
+                                 {"model_max_length", 2048},
+                                 {"chat_template", kChatTemplate}};
+  FD_RETURN_IF_ERROR(
+      WriteFileAtomically(o.out + "/tokenizer_config.json", tokenizer_config.dump(2) + "\n"));
+  const json generation = {
+      {"bos_token_id", eos}, {"eos_token_id", {im_end, eos}}, {"do_sample", false}};
+  FD_RETURN_IF_ERROR(
+      WriteFileAtomically(o.out + "/generation_config.json", generation.dump(2) + "\n"));
+
+  // A greedy continuation, to show what the target learned.
+  std::vector<int32_t> prompt32 = tokenizer->Encode("This License");
+  FD_ASSIGN_OR_RETURN(std::vector<int64_t> more,
+                      GreedyGenerate(*model, {prompt32.begin(), prompt32.end()}, 24, {eos}));
+  std::vector<int32_t> more32(more.begin(), more.end());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("loss %.4f -> %.4f in %lld steps, %.0f s\n", first_loss, last_loss,
+              static_cast<long long>(o.steps), seconds);
+  std::printf("greedy: \"This License%s\"\n", tokenizer->Decode(more32).c_str());
+  FD_RETURN_IF_ERROR(WriteFileAtomically(stamp_path, stamp.dump(2) + "\n"));
+  std::printf("wrote %s\n", o.out.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace flashdraft

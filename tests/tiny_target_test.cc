@@ -1,0 +1,91 @@
+// `flashdraft make-tiny-target`: a trained Qwen3-shaped Hugging Face folder that an independent
+// reference reads identically, that is cached, and that `prepare` turns into shards from chats.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/safetensors.h"
+#include "common/tokenizer.h"
+#include "tests/support/test_util.h"
+
+namespace flashdraft {
+namespace {
+
+using ::flashdraft::testing::RunCommand;
+using ::flashdraft::testing::TempDir;
+using ::testing::HasSubstr;
+
+const std::string kCli = FLASHDRAFT_CLI;
+
+TEST(TinyTargetTest, TrainsIsReadByTheReferenceIsCachedAndPrepares) {
+  TempDir dir;
+  const std::string make = absl::StrCat(kCli, " make-tiny-target --out ", dir.Join("tiny"),
+                                        " --steps 20 --merges 64 --hidden 64 --layers 2");
+  auto r = RunCommand(make);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(loss ([0-9.]+) -> ([0-9.]+))")))
+      << r.output;
+  EXPECT_LT(std::stod(m[2]), std::stod(m[1]) - 0.5) << "the loss must fall";
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json",
+                        "tokenizer_config.json", "generation_config.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir.Join(std::string("tiny/") + f))) << f;
+  }
+  auto tokenizer = Tokenizer::FromFile(dir.Join("tiny/tokenizer.json"));
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  EXPECT_EQ((*tokenizer)->Decode((*tokenizer)->Encode("GNU General Public License")),
+            "GNU General Public License");
+
+  auto again = RunCommand(make);
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_THAT(again.output, HasSubstr("is up to date"));
+
+  // Chats → shards with the folder's own tokenizer.
+  std::ofstream(dir.Join("chats.jsonl"))
+      << R"({"messages": [{"role": "user", "content": "What is this License?"}, )"
+      << R"({"role": "assistant", "content": "The GNU General Public License."}]})"
+      << "\n";
+  auto prepared = RunCommand(absl::StrCat(kCli, " prepare --target ", dir.Join("tiny"), " --data ",
+                                          dir.Join("chats.jsonl"), " --out ", dir.Join("shards"),
+                                          " --layers 0,1 --regenerate"));
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.output;
+  EXPECT_EQ(nlohmann::json::parse(*ReadFile(dir.Join("shards/manifest.json")))["num_samples"], 1);
+
+  // An independent float64 reference reads the folder as Hugging Face would.
+  if (!::flashdraft::testing::ReferencePythonUnavailableReason().empty()) {
+    GTEST_SKIP() << "the reference parity part needs /usr/bin/python3 with torch";
+  }
+  auto ref =
+      RunCommand(absl::StrCat(::flashdraft::testing::kReferencePython, " ", FLASHDRAFT_SOURCE_DIR,
+                              "/tests/reference/target_reference.py ", dir.Join("ref"),
+                              " --existing ", dir.Join("tiny"), " --ids-layers 0,1"));
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  auto ours = RunCommand(absl::StrCat(kCli, " debug target-features --target ", dir.Join("tiny"),
+                                      " --ids ", dir.Join("ref/ids.safetensors"),
+                                      " --layers 0,1 --out ", dir.Join("ours.safetensors")));
+  ASSERT_EQ(ours.exit_code, 0) << ours.output;
+  auto want = SafetensorsFile::Open(dir.Join("ref/ref.safetensors"));
+  auto got = SafetensorsFile::Open(dir.Join("ours.safetensors"));
+  ASSERT_TRUE(want.ok() && got.ok());
+  for (const char* name : {"hidden_states", "logits"}) {
+    const TensorView a = *(*want)->Get(name), b = *(*got)->Get(name);
+    ASSERT_EQ(a.nbytes, b.nbytes) << name;
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < a.nbytes / 4; ++i) {
+      float x, y;
+      std::memcpy(&x, a.data + 4 * i, 4);
+      std::memcpy(&y, b.data + 4 * i, 4);
+      diff += (x - y) * double(x - y);
+      norm += double(x) * x;
+    }
+    EXPECT_LE(std::sqrt(diff / norm), 1e-5) << name;
+  }
+}
+
+}  // namespace
+}  // namespace flashdraft
