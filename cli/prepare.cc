@@ -261,21 +261,7 @@ absl::Status Prepare(const PrepareOptions& o) {
   const std::string input = import ? o.import_specforge : o.data;
   if (valid == 0) return absl::InvalidArgumentError(absl::StrCat(input, ": no valid samples"));
 
-  DrafterModelConfig d;
-  d.hidden_size = t.hidden_size;
-  d.intermediate_size = t.intermediate_size;
-  d.num_hidden_layers = 1;  // the job decides
-  d.num_attention_heads = t.num_attention_heads;
-  d.num_key_value_heads = t.num_key_value_heads;
-  d.head_dim = t.head_dim;
-  d.vocab_size = t.vocab_size;
-  d.num_target_layers = t.num_hidden_layers;
-  d.max_position_embeddings = std::max<int64_t>(o.max_seq_len, 4096);
-  d.rms_norm_eps = t.rms_norm_eps;
-  d.rope_theta = t.rope_theta;
-  d.tie_word_embeddings = t.tie_word_embeddings;
-  d.mask_token_id = o.mask_token_id >= 0 ? o.mask_token_id : t.vocab_size - 1;
-  d.target_layer_ids = layers;
+  const DrafterModelConfig d = DrafterConfigForTarget(t, layers, o.max_seq_len, o.mask_token_id);
   writer.SetMetadata("drafter_config", DrafterConfigToJson(d));
   writer.SetMetadata("source", absl::StrCat("flashdraft prepare --target ", o.target,
                                             import ? " --import-specforge " : " --data ", input));

@@ -257,35 +257,50 @@ std::vector<double> StepRecord::SlotAccuracy() const {
 
 double StepRecord::TauEstimate() const { return flashdraft::TauEstimate(SlotAccuracy()); }
 
-absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(JobConfig job) {
-  if (job.data.source != "shards") {
+// data.source 'shards': the manifest carries the drafter config, target.safetensors the tensors.
+absl::StatusOr<SourceBundle> Coordinator::OpenShardSource(const JobConfig& j) {
+  if (j.data.source != "shards") {
     return absl::UnimplementedError(
-        "data.source 'target' (online hidden states) is not available yet; use 'shards'");
+        absl::StrCat("data.source '", j.data.source,
+                     "' needs the flashdraft-coordinator binary (this build "
+                     "of the coordinator library reads offline shards only)"));
   }
-  std::unique_ptr<Coordinator> c(new Coordinator());
-  c->job_ = std::move(job);
-  const JobConfig& j = c->job_;
-  FD_ASSIGN_OR_RETURN(c->source_, ShardSource::Open(j.data.shards_dir));
-  auto config_it = c->source_->metadata().find("drafter_config");
-  if (config_it == c->source_->metadata().end()) {
+  SourceBundle b;
+  FD_ASSIGN_OR_RETURN(std::unique_ptr<ShardSource> shards, ShardSource::Open(j.data.shards_dir));
+  auto config_it = shards->metadata().find("drafter_config");
+  if (config_it == shards->metadata().end()) {
     return absl::InvalidArgumentError(
         absl::StrCat(j.data.shards_dir,
                      "/manifest.json: metadata has no \"drafter_config\" (the target's shape)"));
   }
+  b.drafter_config_json = config_it->second;
+  b.drafter_config_label = j.data.shards_dir + "/manifest.json";
+  b.target_tensors_path = j.data.shards_dir + "/target.safetensors";
+  b.label = j.data.shards_dir + ": shards";
+  b.source = std::move(shards);
+  return b;
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(JobConfig job,
+                                                                 const SourceFactory& open_source) {
+  std::unique_ptr<Coordinator> c(new Coordinator());
+  c->job_ = std::move(job);
+  const JobConfig& j = c->job_;
+  FD_ASSIGN_OR_RETURN(SourceBundle bundle, open_source ? open_source(j) : OpenShardSource(j));
+  c->source_ = std::move(bundle.source);
   FD_ASSIGN_OR_RETURN(c->drafter_config_,
-                      ParseDrafterConfig(config_it->second, j.data.shards_dir + "/manifest.json"));
+                      ParseDrafterConfig(bundle.drafter_config_json, bundle.drafter_config_label));
   DrafterModelConfig& dc = c->drafter_config_;
   dc.num_hidden_layers = j.drafter.num_hidden_layers;
   dc.block_size = j.drafter.block_size;
   if (j.drafter.intermediate_size > 0) dc.intermediate_size = j.drafter.intermediate_size;
   if (j.drafter.mask_token_id >= 0) dc.mask_token_id = j.drafter.mask_token_id;
   if (dc.feature_size() != c->source_->feature_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        j.data.shards_dir, ": shards hold features of width ", c->source_->feature_size(),
-        " but the drafter expects n·H = ", dc.feature_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(bundle.label, " hold features of width ", c->source_->feature_size(),
+                     " but the drafter expects n·H = ", dc.feature_size()));
   }
-  FD_ASSIGN_OR_RETURN(c->target_,
-                      SafetensorsModel::Open(j.data.shards_dir + "/target.safetensors"));
+  FD_ASSIGN_OR_RETURN(c->target_, SafetensorsModel::Open(bundle.target_tensors_path));
   const std::vector<int64_t> table = {dc.vocab_size, dc.hidden_size};
   FD_RETURN_IF_ERROR(c->target_->GetChecked("embed_tokens.weight", DType::kF32, table).status());
   c->gamma_ = j.drafter.loss_decay_gamma > 0 ? j.drafter.loss_decay_gamma
@@ -627,6 +642,14 @@ absl::Status Coordinator::Run() {
     while (sent < total_steps_ && sent <= step + prefetch) {
       result = SendStep(static_cast<uint64_t>(sent++));
       if (!result.ok()) break;
+      // The source may start on the step after the ones queued (an online target does).
+      if (sent < total_steps_) {
+        std::vector<uint64_t> next;
+        for (const MicrobatchPlan& mb : scheduler_->Plan(sent, world_size_).microbatches) {
+          next.insert(next.end(), mb.samples.begin(), mb.samples.end());
+        }
+        source_->Prefetch(next);
+      }
     }
     if (result.ok()) result = WaitForAcks(step);
     if (!result.ok()) break;

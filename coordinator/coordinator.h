@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -50,7 +51,14 @@ struct StepRecord {
 class Coordinator {
  public:
   // Opens the data (job.data.shards_dir: manifest, shards, target.safetensors) and plans the job.
-  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(JobConfig job);
+  // `open_source` opens the job's data (data.source); the default opens offline shards. The
+  // coordinator binary passes one that also runs a target online (coordinator/sources/
+  // target_source.h), which keeps this library free of LibTorch.
+  using SourceFactory = std::function<absl::StatusOr<SourceBundle>(const JobConfig&)>;
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(JobConfig job,
+                                                             const SourceFactory& open_source = {});
+  // data.source 'shards' (the default factory).
+  static absl::StatusOr<SourceBundle> OpenShardSource(const JobConfig& job);
   ~Coordinator();
 
   // Starts the gRPC server on job.cluster.listen; port() is the bound port afterwards.
@@ -96,7 +104,7 @@ class Coordinator {
 
   JobConfig job_;
   DrafterModelConfig drafter_config_;
-  std::unique_ptr<ShardSource> source_;
+  std::unique_ptr<HiddenStateSource> source_;
   std::shared_ptr<const SafetensorsModel> target_;
   std::unique_ptr<Scheduler> scheduler_;
   double gamma_ = 7.0;

@@ -8,6 +8,7 @@
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/sources/target_source.h"
 
 namespace {
 
@@ -42,7 +43,11 @@ int main(int argc, char** argv) {
     absl::Status s = flashdraft::ApplyOverride(*job, o);
     if (!s.ok()) return Fail(s);
   }
-  auto coordinator = flashdraft::Coordinator::Create(*job);
+  auto coordinator = flashdraft::Coordinator::Create(
+      *job, [](const flashdraft::JobConfig& j) -> absl::StatusOr<flashdraft::SourceBundle> {
+        if (j.data.source == "target") return flashdraft::OpenTargetSource(j);
+        return flashdraft::Coordinator::OpenShardSource(j);
+      });
   if (!coordinator.ok()) return Fail(coordinator.status());
   absl::Status started = (*coordinator)->Start();
   if (!started.ok()) return Fail(started);

@@ -83,7 +83,7 @@ StepPlan Scheduler::Plan(uint64_t step, int world_size) const {
     uint64_t epoch;
     const uint64_t index = SampleAt(step * options_.global_batch_size + i, &epoch);
     if (i == 0) plan.epoch = epoch;
-    absl::StatusOr<Sample> sample = source_.Get(index);
+    absl::StatusOr<Sample> sample = source_.GetTokens(index);
     CHECK(sample.ok()) << sample.status();
     Truncate(*sample);
     if (!KeepSample(sample->loss_mask, options_.block_size)) continue;

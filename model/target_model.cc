@@ -96,6 +96,27 @@ absl::StatusOr<TargetModelConfig> ParseTargetConfig(const std::string& text,
   return c;
 }
 
+DrafterModelConfig DrafterConfigForTarget(const TargetModelConfig& t,
+                                          const std::vector<int>& layers, int64_t max_seq_len,
+                                          int64_t mask_token_id) {
+  DrafterModelConfig d;
+  d.hidden_size = t.hidden_size;
+  d.intermediate_size = t.intermediate_size;
+  d.num_hidden_layers = 1;  // the job decides
+  d.num_attention_heads = t.num_attention_heads;
+  d.num_key_value_heads = t.num_key_value_heads;
+  d.head_dim = t.head_dim;
+  d.vocab_size = t.vocab_size;
+  d.num_target_layers = t.num_hidden_layers;
+  d.max_position_embeddings = std::max<int64_t>(max_seq_len, 4096);
+  d.rms_norm_eps = t.rms_norm_eps;
+  d.rope_theta = t.rope_theta;
+  d.tie_word_embeddings = t.tie_word_embeddings;
+  d.mask_token_id = mask_token_id >= 0 ? mask_token_id : t.vocab_size - 1;
+  d.target_layer_ids = layers;
+  return d;
+}
+
 absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Load(const std::string& dir,
                                                                torch::ScalarType dtype) {
   FD_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/config.json"));

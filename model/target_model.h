@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/safetensors.h"
+#include "model/drafter_config.h"
 
 namespace flashdraft {
 
@@ -34,6 +35,13 @@ struct TargetModelConfig {
   double rope_factor = 0, rope_low_freq_factor = 1, rope_high_freq_factor = 4;
   int64_t rope_original_max_position = 8192;
 };
+
+// The drafter config a target implies (DFLASH.md §2): its sizes, vocabulary, RoPE, the layers whose
+// outputs condition the drafter; one drafter layer (the job decides), mask token the last
+// embedding row unless `mask_token_id` >= 0.
+DrafterModelConfig DrafterConfigForTarget(const TargetModelConfig& t,
+                                          const std::vector<int>& layers, int64_t max_seq_len,
+                                          int64_t mask_token_id);
 
 absl::StatusOr<TargetModelConfig> ParseTargetConfig(const std::string& json_text,
                                                     const std::string& source);

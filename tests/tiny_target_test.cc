@@ -89,3 +89,61 @@ TEST(TinyTargetTest, TrainsIsReadByTheReferenceIsCachedAndPrepares) {
 
 }  // namespace
 }  // namespace flashdraft
+
+namespace flashdraft {
+namespace {
+
+// data.source 'target': the coordinator runs the tiny target online over chat data and two
+// workers train on the hidden states it streams; no shards are written.
+TEST(OnlineTargetTest, TwoWorkersTrainOnHiddenStatesComputedOnline) {
+  TempDir dir;
+  auto made = RunCommand(absl::StrCat(kCli, " make-tiny-target --out ", dir.Join("tiny"),
+                                      " --steps 40 --merges 128 --hidden 64 --layers 2"));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  // Chats from a license text: continue a line with the next ones.
+  absl::StatusOr<std::string> text = ReadFile("/usr/share/common-licenses/GPL-3");
+  ASSERT_TRUE(text.ok()) << "needs /usr/share/common-licenses/GPL-3 (Debian base-files)";
+  std::vector<std::string> lines;
+  for (size_t at = 0, next; at < text->size(); at = next + 1) {
+    next = text->find('\n', at);
+    if (next == std::string::npos) next = text->size();
+    if (next - at > 20) lines.push_back(text->substr(at, next - at));
+  }
+  std::ofstream chats(dir.Join("chats.jsonl"));
+  for (size_t i = 0; i + 4 < lines.size() && i < 4 * 48; i += 4) {
+    nlohmann::json j;
+    j["messages"] = {{{"role", "user"}, {"content", "Continue: " + lines[i]}},
+                     {{"role", "assistant"},
+                      {"content", lines[i + 1] + "\n" + lines[i + 2] + "\n" + lines[i + 3]}}};
+    chats << j.dump() << "\n";
+  }
+  chats.close();
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("job.yaml"),
+                                  absl::StrCat(R"(
+output_dir: )",
+                                               dir.Join("run"), R"(
+target: {path: )",
+                                               dir.Join("tiny"), R"(, layer_ids: [0, 1]}
+drafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, max_anchors: 16}
+data: {source: target, jsonl: )",
+                                               dir.Join("chats.jsonl"), R"(}
+train: {max_steps: 24, global_batch_size: 8, learning_rate: 0.003, warmup_ratio: 0.1}
+)"))
+                  .ok());
+  auto run = RunCommand(absl::StrCat(kCli, " launch ", dir.Join("job.yaml"), " --workers 2"));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("job finished: 24 steps"));
+  std::vector<double> losses;
+  std::ifstream steps(dir.Join("run/steps.jsonl"));
+  for (std::string line; std::getline(steps, line);) {
+    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  }
+  ASSERT_EQ(losses.size(), 24u);
+  const double first = (losses[0] + losses[1] + losses[2]) / 3;
+  const double last = (losses[21] + losses[22] + losses[23]) / 3;
+  EXPECT_LT(last, first - 0.3) << "first " << first << " last " << last;
+  EXPECT_FALSE(std::filesystem::exists(dir.Join("run/shard-00000.safetensors")));
+}
+
+}  // namespace
+}  // namespace flashdraft

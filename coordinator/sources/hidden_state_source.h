@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -34,6 +35,21 @@ class HiddenStateSource {
   // Length of sample `index` without reading its features (for packing).
   virtual int64_t SampleLength(uint64_t index) const = 0;
   virtual absl::StatusOr<Sample> Get(uint64_t index) const = 0;
+  // The sample without its features (features == nullptr), for planning: ids and loss mask only.
+  virtual absl::StatusOr<Sample> GetTokens(uint64_t index) const { return Get(index); }
+  // A hint: these samples will be asked for soon (a source that computes features starts on them
+  // in the background). Never blocks.
+  virtual void Prefetch(const std::vector<uint64_t>& indices) const { (void)indices; }
+};
+
+// A source with what the coordinator needs besides the samples.
+struct SourceBundle {
+  std::unique_ptr<HiddenStateSource> source;
+  std::string drafter_config_json;  // the target's shape as a drafter config (model/drafter_config)
+  std::string drafter_config_label;  // where it came from, for errors
+  // Safetensors with the frozen embed_tokens.weight (F32) and lm_head.weight unless tied.
+  std::string target_tensors_path;
+  std::string label;  // the data, for errors ("DIR" or "target DIR + data FILE")
 };
 
 }  // namespace flashdraft

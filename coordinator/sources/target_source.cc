@@ -1,0 +1,209 @@
+#include "coordinator/sources/target_source.h"
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/safetensors.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "model/chat_data.h"
+#include "model/drafter_config.h"
+#include "model/target_model.h"
+
+namespace flashdraft {
+
+absl::StatusOr<std::unique_ptr<TargetModelSource>> TargetModelSource::Open(
+    const TargetSourceOptions& o) {
+  if (o.feature_dtype != DType::kBF16 && o.feature_dtype != DType::kF32) {
+    return absl::InvalidArgumentError("target features travel as BF16 or F32");
+  }
+  std::unique_ptr<TargetModelSource> s(new TargetModelSource());
+  s->options_ = o;
+  FD_ASSIGN_OR_RETURN(s->model_, TargetModel::Load(o.target_dir));
+  const TargetModelConfig& t = s->model_->config();
+  s->layers_ = o.layer_ids.empty()
+                   ? DefaultTargetLayerIds(static_cast<int>(t.num_hidden_layers), o.num_features)
+                   : o.layer_ids;
+  for (int id : s->layers_) {
+    if (id < 0 || id >= t.num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target.layer_ids: ", id, " is outside the target's ", t.num_hidden_layers, " layers"));
+    }
+  }
+  s->feature_size_ = static_cast<int64_t>(s->layers_.size()) * t.hidden_size;
+  // Tokenize the whole data set now: lengths are needed to plan, and bad lines surface at once.
+  std::ifstream in(o.data_jsonl);
+  if (!in) return absl::NotFoundError(absl::StrCat(o.data_jsonl, ": cannot open"));
+  ChatLineReader reader({o.target_dir, o.tokenizer, 0}, *s->model_);
+  std::string line;
+  int64_t line_no = 0;
+  std::vector<int64_t> ids, mask;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    bool is_chat = false;
+    absl::Status st = reader.Parse(line, t.vocab_size, /*regenerate=*/false, ids, mask, &is_chat);
+    if (!st.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(o.data_jsonl, ":", line_no, ": ", st.message()));
+    }
+    if (static_cast<int64_t>(ids.size()) > o.max_seq_len) {
+      ids.resize(o.max_seq_len);
+      mask.resize(o.max_seq_len);
+    }
+    s->ids_.push_back(ids);
+    s->masks_.push_back(mask);
+  }
+  if (s->ids_.empty())
+    return absl::InvalidArgumentError(absl::StrCat(o.data_jsonl, ": no samples"));
+  for (int i = 0; i < std::max(1, o.threads); ++i) {
+    s->threads_.emplace_back([p = s.get()] { p->BackgroundLoop(); });
+  }
+  return s;
+}
+
+TargetModelSource::~TargetModelSource() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+uint64_t TargetModelSource::computed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return computed_;
+}
+
+absl::StatusOr<std::vector<uint8_t>> TargetModelSource::Compute(uint64_t index) const {
+  const torch::Tensor input = torch::tensor(ids_[index], torch::kInt64).unsqueeze(0);
+  FD_ASSIGN_OR_RETURN(TargetOutput out, model_->Forward(input, layers_, /*with_logits=*/false));
+  const torch::Tensor f =
+      out.features.squeeze(0)
+          .to(options_.feature_dtype == DType::kBF16 ? torch::kBFloat16 : torch::kFloat32)
+          .contiguous();
+  const uint8_t* p = static_cast<const uint8_t*>(f.data_ptr());
+  return std::vector<uint8_t>(p, p + f.nbytes());
+}
+
+absl::StatusOr<Sample> TargetModelSource::GetTokens(uint64_t index) const {
+  if (index >= ids_.size()) {
+    return absl::OutOfRangeError(absl::StrCat("sample ", index, " of ", ids_.size()));
+  }
+  Sample s;
+  s.index = index;
+  s.input_ids = ids_[index];
+  s.loss_mask = masks_[index];
+  s.feature_dtype = options_.feature_dtype;
+  return s;
+}
+
+absl::StatusOr<Sample> TargetModelSource::Get(uint64_t index) const {
+  FD_ASSIGN_OR_RETURN(Sample s, GetTokens(index));
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    // Computed ahead, or being computed: take it (each announced sample is used once).
+    cv_.wait(lock, [&] { return !running_.count(index); });
+    auto it = ready_.find(index);
+    if (it != ready_.end()) {
+      s.owned_features = std::move(it->second);
+      ready_.erase(it);
+      cv_.notify_all();  // room in the cache
+    }
+  }
+  if (s.owned_features.empty()) {
+    FD_ASSIGN_OR_RETURN(s.owned_features, Compute(index));
+    std::lock_guard<std::mutex> lock(mu_);
+    ++computed_;
+  }
+  s.features = s.owned_features.data();
+  return s;
+}
+
+void TargetModelSource::Prefetch(const std::vector<uint64_t>& indices) const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t i : indices) {
+      if (i < ids_.size()) queue_.push_back(i);
+    }
+  }
+  cv_.notify_all();
+}
+
+void TargetModelSource::BackgroundLoop() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] {
+      return stop_ || (!queue_.empty() && ready_.size() + running_.size() < options_.max_cached);
+    });
+    if (stop_) return;
+    const uint64_t index = queue_.front();
+    queue_.pop_front();
+    if (ready_.count(index) || running_.count(index)) continue;
+    running_[index] = true;
+    lock.unlock();
+    absl::StatusOr<std::vector<uint8_t>> f = Compute(index);
+    lock.lock();
+    running_.erase(index);
+    if (f.ok()) {
+      ready_[index] = std::move(*f);
+      ++computed_;
+    } else {
+      LOG(WARNING) << "target source: sample " << index << ": " << f.status().message()
+                   << " (computed again on demand)";
+    }
+    cv_.notify_all();
+  }
+}
+
+absl::StatusOr<SourceBundle> OpenTargetSource(const JobConfig& j) {
+  if (j.data.source != "target") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("OpenTargetSource: data.source is '", j.data.source, "'"));
+  }
+  if (j.target.path.empty()) {
+    return absl::InvalidArgumentError("data.source 'target' needs target.path");
+  }
+  if (j.data.jsonl.empty()) {
+    return absl::InvalidArgumentError("data.source 'target' needs data.jsonl");
+  }
+  TargetSourceOptions o;
+  o.target_dir = j.target.path;
+  o.data_jsonl = j.data.jsonl;
+  o.layer_ids = j.target.layer_ids;
+  o.num_features = j.drafter.num_target_features;
+  o.max_seq_len = j.data.max_seq_len;
+  o.feature_dtype = j.target.dtype == "float32" ? DType::kF32 : DType::kBF16;
+  o.max_cached = static_cast<size_t>(std::max(1, j.data.prefetch_steps + 1) *
+                                     std::max(1, j.train.global_batch_size));
+  FD_ASSIGN_OR_RETURN(std::unique_ptr<TargetModelSource> source, TargetModelSource::Open(o));
+  const TargetModel& model = source->model();
+  SourceBundle b;
+  b.drafter_config_json = DrafterConfigToJson(
+      DrafterConfigForTarget(model.config(), source->layer_ids(), j.data.max_seq_len, -1));
+  b.drafter_config_label = j.target.path + "/config.json";
+  b.label = absl::StrCat("target ", j.target.path, " (online)");
+  // The frozen tensors the workers fetch, as the offline path stores them.
+  std::error_code ec;
+  std::filesystem::create_directories(j.output_dir, ec);
+  SafetensorsWriter target;
+  const torch::Tensor embed = model.embed_tokens().to(torch::kFloat32).contiguous();
+  FD_RETURN_IF_ERROR(target.Add("embed_tokens.weight", DType::kF32, embed.sizes().vec(),
+                                embed.data_ptr(), embed.nbytes()));
+  torch::Tensor head;
+  if (!model.config().tie_word_embeddings) {
+    head = model.lm_head().to(torch::kFloat32).contiguous();
+    FD_RETURN_IF_ERROR(target.Add("lm_head.weight", DType::kF32, head.sizes().vec(),
+                                  head.data_ptr(), head.nbytes()));
+  }
+  b.target_tensors_path = j.output_dir + "/target.safetensors";
+  FD_RETURN_IF_ERROR(target.Write(b.target_tensors_path));
+  b.source = std::move(source);
+  return b;
+}
+
+}  // namespace flashdraft

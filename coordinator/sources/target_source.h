@@ -1,0 +1,83 @@
+// data.source 'target': hidden states computed online by the target model (DFLASH.md §7: no
+// terabytes of shards). The chat data (JSONL, the forms of model/chat_data.h) is tokenized when the
+// source opens; features are computed on demand, and ahead of demand on background threads for the
+// samples the coordinator announces with Prefetch(), into a bounded cache that each Get() drains.
+// Lives in its own library (LibTorch) so that the coordinator library stays torch-free.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/job_config.h"
+#include "coordinator/sources/hidden_state_source.h"
+
+namespace flashdraft {
+
+class TargetModel;
+
+struct TargetSourceOptions {
+  std::string target_dir;
+  std::string data_jsonl;
+  std::string tokenizer;       // empty: <target_dir>/tokenizer.json
+  std::vector<int> layer_ids;  // empty: DFLASH.md §2 formula with num_features
+  int num_features = 5;
+  int64_t max_seq_len = 3072;
+  DType feature_dtype = DType::kBF16;
+  int threads = 1;          // background forward threads
+  size_t max_cached = 256;  // samples computed ahead at most
+};
+
+class TargetModelSource : public HiddenStateSource {
+ public:
+  static absl::StatusOr<std::unique_ptr<TargetModelSource>> Open(const TargetSourceOptions& o);
+  ~TargetModelSource() override;
+
+  uint64_t num_samples() const override { return ids_.size(); }
+  int64_t feature_size() const override { return feature_size_; }
+  DType feature_dtype() const override { return options_.feature_dtype; }
+  int64_t SampleLength(uint64_t index) const override {
+    return static_cast<int64_t>(ids_[index].size());
+  }
+  absl::StatusOr<Sample> Get(uint64_t index) const override;
+  absl::StatusOr<Sample> GetTokens(uint64_t index) const override;
+  void Prefetch(const std::vector<uint64_t>& indices) const override;
+
+  const std::vector<int>& layer_ids() const { return layers_; }
+  const TargetModel& model() const { return *model_; }
+  // Samples computed so far (on demand and ahead), for tests and metrics.
+  uint64_t computed() const;
+
+ private:
+  TargetModelSource() = default;
+  absl::StatusOr<std::vector<uint8_t>> Compute(uint64_t index) const;
+  void BackgroundLoop() const;
+
+  TargetSourceOptions options_;
+  std::unique_ptr<TargetModel> model_;
+  std::vector<int> layers_;
+  int64_t feature_size_ = 0;
+  std::vector<std::vector<int64_t>> ids_, masks_;
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  mutable std::deque<uint64_t> queue_;  // announced, not yet started
+  mutable std::map<uint64_t, std::vector<uint8_t>> ready_;
+  mutable std::map<uint64_t, bool> running_;
+  mutable uint64_t computed_ = 0;
+  mutable bool stop_ = false;
+  mutable std::vector<std::thread> threads_;
+};
+
+// The SourceBundle of a job with data.source 'target' (writes the frozen embedding / lm_head to
+// <output_dir>/target.safetensors for FetchTensors); for 'shards' jobs it returns an error.
+absl::StatusOr<SourceBundle> OpenTargetSource(const JobConfig& job);
+
+}  // namespace flashdraft
