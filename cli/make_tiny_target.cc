@@ -90,7 +90,7 @@ absl::Status MakeTinyTarget(const MakeTinyTargetOptions& o) {
     corpus_bytes += t.size();
   }
   // Everything the result depends on; an equal stamp means the folder is up to date.
-  const json stamp = {{"flashdraft_tiny_target", 1},
+  const json stamp = {{"flashdraft_tiny_target", 2},
                       {"corpus_crc32c", digest},
                       {"corpus_bytes", corpus_bytes},
                       {"merges", o.num_merges},
@@ -229,6 +229,26 @@ absl::Status MakeTinyTarget(const MakeTinyTargetOptions& o) {
   std::printf("loss %.4f -> %.4f in %lld steps, %.0f s\n", first_loss, last_loss,
               static_cast<long long>(o.steps), seconds);
   std::printf("greedy: \"This License%s\"\n", tokenizer->Decode(more32).c_str());
+  // Demo chat data from the same corpus: continue a line with the next three.
+  std::string chats;
+  int num_chats = 0;
+  for (const std::string& text : corpus) {
+    std::vector<std::string> lines;
+    for (size_t at = 0, next; at < text.size() && num_chats < 256; at = next + 1) {
+      next = text.find('\n', at);
+      if (next == std::string::npos) next = text.size();
+      if (next - at > 20) lines.push_back(text.substr(at, next - at));
+    }
+    for (size_t i = 0; i + 3 < lines.size() && num_chats < 256; i += 4, ++num_chats) {
+      const json chat = {
+          {"messages",
+           {{{"role", "user"}, {"content", "Continue: " + lines[i]}},
+            {{"role", "assistant"},
+             {"content", lines[i + 1] + "\n" + lines[i + 2] + "\n" + lines[i + 3]}}}}};
+      chats += chat.dump() + "\n";
+    }
+  }
+  FD_RETURN_IF_ERROR(WriteFileAtomically(o.out + "/chats.jsonl", chats));
   FD_RETURN_IF_ERROR(WriteFileAtomically(stamp_path, stamp.dump(2) + "\n"));
   std::printf("wrote %s\n", o.out.c_str());
   return absl::OkStatus();

@@ -1,5 +1,6 @@
 // `flashdraft make-tiny-target --out DIR`: a small Qwen3-shaped Hugging Face folder (config.json,
-// model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json) whose
+// model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json, and
+// chats.jsonl: demo chat data from the same corpus) whose
 // tokenizer (byte-level BPE) and weights are trained here on text every Debian system ships
 // (/usr/share/common-licenses), so that its greedy continuations are non-trivial and learnable —
 // the target of the online demo and of tests. Deterministic for a given thread count; cached: a

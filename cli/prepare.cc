@@ -266,16 +266,7 @@ absl::Status Prepare(const PrepareOptions& o) {
   writer.SetMetadata("source", absl::StrCat("flashdraft prepare --target ", o.target,
                                             import ? " --import-specforge " : " --data ", input));
 
-  const torch::Tensor embed = model->embed_tokens().to(torch::kFloat32).contiguous();
-  const torch::Tensor head = model->lm_head().to(torch::kFloat32).contiguous();
-  SafetensorsWriter target;
-  FD_RETURN_IF_ERROR(target.Add("embed_tokens.weight", DType::kF32, embed.sizes().vec(),
-                                embed.data_ptr(), embed.nbytes()));
-  if (!t.tie_word_embeddings) {
-    FD_RETURN_IF_ERROR(target.Add("lm_head.weight", DType::kF32, head.sizes().vec(),
-                                  head.data_ptr(), head.nbytes()));
-  }
-  FD_RETURN_IF_ERROR(target.Write(o.out + "/target.safetensors"));
+  FD_RETURN_IF_ERROR(WriteFrozenTargetTensors(*model, o.out + "/target.safetensors"));
   FD_RETURN_IF_ERROR(writer.Finish());
   std::printf("\rprepared %lld samples (%lld new, %lld tokens), %lld bad %s skipped -> %s\n",
               static_cast<long long>(valid), static_cast<long long>(written),

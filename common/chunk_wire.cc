@@ -123,24 +123,9 @@ grpc::ByteBuffer EncodeChunkBuffer(v1::TensorChunk& header, const uint8_t* data,
 absl::Status EncodeTensorBuffers(const TensorSpec& spec, const void* data, size_t nbytes,
                                  size_t max_chunk_bytes, const std::shared_ptr<const void>& owner,
                                  int wrapper_field, std::vector<grpc::ByteBuffer>* out) {
-  if (max_chunk_bytes == 0) return absl::InvalidArgumentError("max_chunk_bytes must be > 0");
-  FD_ASSIGN_OR_RETURN(uint64_t expected, ByteSize(spec.dtype, spec.shape));
-  if (expected != nbytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", spec.name, "': shape ", ShapeString(spec.shape), " of ",
-                     DTypeName(spec.dtype), " needs ", expected, " bytes, got ", nbytes));
-  }
-  const uint64_t num_chunks = NumChunks(nbytes, max_chunk_bytes);
-  if (num_chunks > UINT32_MAX) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", spec.name, "' needs too many chunks"));
-  }
   v1::TensorChunk header;
-  header.set_name(spec.name);
-  header.set_dtype(static_cast<v1::DType>(spec.dtype));
-  header.mutable_shape()->Assign(spec.shape.begin(), spec.shape.end());
-  header.set_total_bytes(nbytes);
-  header.set_num_chunks(static_cast<uint32_t>(num_chunks));
+  FD_ASSIGN_OR_RETURN(const uint32_t num_chunks,
+                      StartChunkHeader(spec, nbytes, max_chunk_bytes, header));
   const uint8_t* src = static_cast<const uint8_t*>(data);
   for (uint64_t i = 0; i < num_chunks; ++i) {
     const uint64_t offset = i * max_chunk_bytes;

@@ -183,6 +183,8 @@ const std::vector<Field>& Fields() {
       FD_FIELD(data, jsonl, std::string),
       FD_FIELD(data, max_seq_len, int, Between(2, 1 << 20)),
       FD_FIELD(data, prefetch_steps, int, Between(1, 1024)),
+      FD_FIELD(data, regenerate, bool),
+      FD_FIELD(data, max_new_tokens, int, Between(1, 1 << 20)),
 
       FD_FIELD(train, seed, uint64_t),
       FD_FIELD(train, learning_rate, double, Positive()),

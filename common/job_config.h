@@ -45,6 +45,10 @@ struct DataConfig {
   int max_seq_len = 3072;
   // Number of samples the source keeps ready ahead of the scheduler.
   int prefetch_steps = 2;
+  // Online source: replace every assistant turn by the target's own greedy answer when the data
+  // is opened (the DFlash recipe: the drafter learns what the target actually says).
+  bool regenerate = false;
+  int max_new_tokens = 256;  // per regenerated answer
 };
 
 struct TrainConfig {

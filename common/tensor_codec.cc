@@ -29,9 +29,8 @@ uint64_t NumChunks(uint64_t nbytes, size_t max_chunk_bytes) {
   return nbytes == 0 ? 1 : (nbytes + max_chunk_bytes - 1) / max_chunk_bytes;
 }
 
-absl::Status EncodeTensor(const TensorSpec& spec, const void* data, size_t nbytes,
-                          size_t max_chunk_bytes, v1::TensorChunk& chunk,
-                          const std::function<absl::Status(v1::TensorChunk&)>& sink) {
+absl::StatusOr<uint32_t> StartChunkHeader(const TensorSpec& spec, size_t nbytes,
+                                          size_t max_chunk_bytes, v1::TensorChunk& header) {
   if (max_chunk_bytes == 0) return absl::InvalidArgumentError("max_chunk_bytes must be > 0");
   FD_ASSIGN_OR_RETURN(uint64_t expected, ByteSize(spec.dtype, spec.shape));
   if (expected != nbytes) {
@@ -44,11 +43,19 @@ absl::Status EncodeTensor(const TensorSpec& spec, const void* data, size_t nbyte
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", spec.name, "' needs too many chunks"));
   }
-  chunk.set_name(spec.name);
-  chunk.set_dtype(static_cast<v1::DType>(spec.dtype));
-  chunk.mutable_shape()->Assign(spec.shape.begin(), spec.shape.end());
-  chunk.set_total_bytes(nbytes);
-  chunk.set_num_chunks(static_cast<uint32_t>(num_chunks));
+  header.set_name(spec.name);
+  header.set_dtype(static_cast<v1::DType>(spec.dtype));
+  header.mutable_shape()->Assign(spec.shape.begin(), spec.shape.end());
+  header.set_total_bytes(nbytes);
+  header.set_num_chunks(static_cast<uint32_t>(num_chunks));
+  return static_cast<uint32_t>(num_chunks);
+}
+
+absl::Status EncodeTensor(const TensorSpec& spec, const void* data, size_t nbytes,
+                          size_t max_chunk_bytes, v1::TensorChunk& chunk,
+                          const std::function<absl::Status(v1::TensorChunk&)>& sink) {
+  FD_ASSIGN_OR_RETURN(const uint32_t num_chunks,
+                      StartChunkHeader(spec, nbytes, max_chunk_bytes, chunk));
   const uint8_t* src = static_cast<const uint8_t*>(data);
   for (uint64_t i = 0; i < num_chunks; ++i) {
     const uint64_t offset = i * max_chunk_bytes;

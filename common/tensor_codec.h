@@ -36,6 +36,11 @@ struct TensorSpec {
 // How many chunks a tensor of `nbytes` takes (an empty tensor still sends one, empty chunk).
 uint64_t NumChunks(uint64_t nbytes, size_t max_chunk_bytes);
 
+// Checks that `nbytes` fits `spec` and fills the header fields every chunk of the tensor repeats
+// (name, dtype, shape, total_bytes, num_chunks); returns the number of chunks.
+absl::StatusOr<uint32_t> StartChunkHeader(const TensorSpec& spec, size_t nbytes,
+                                          size_t max_chunk_bytes, v1::TensorChunk& header);
+
 // Calls `sink` once per chunk, in order. `chunk` is reused between calls (its data buffer keeps its
 // capacity, so steady-state encoding allocates nothing): the sink must consume it before returning.
 // Data is copied into the chunk and checksummed in one pass.

@@ -141,11 +141,13 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       }
       view_ = *view;
       header_.Clear();
-      header_.set_name(names_[tensor_]);
-      header_.set_dtype(static_cast<v1::DType>(view_.dtype));
-      for (int64_t d : view_.shape) header_.add_shape(d);
-      header_.set_total_bytes(view_.nbytes);
-      header_.set_num_chunks(static_cast<uint32_t>(NumChunks(view_.nbytes, kDefaultMaxChunkBytes)));
+      absl::StatusOr<uint32_t> chunks =
+          StartChunkHeader({names_[tensor_], view_.dtype, view_.shape}, view_.nbytes,
+                           kDefaultMaxChunkBytes, header_);
+      if (!chunks.ok()) {
+        Finish(ToGrpcStatus(chunks.status()));
+        return;
+      }
       next_index_ = 0;
     }
   }

@@ -117,6 +117,20 @@ DrafterModelConfig DrafterConfigForTarget(const TargetModelConfig& t,
   return d;
 }
 
+absl::Status WriteFrozenTargetTensors(const TargetModel& model, const std::string& path) {
+  SafetensorsWriter out;
+  const torch::Tensor embed = model.embed_tokens().to(torch::kFloat32).contiguous();
+  FD_RETURN_IF_ERROR(out.Add("embed_tokens.weight", DType::kF32, embed.sizes().vec(),
+                             embed.data_ptr(), embed.nbytes()));
+  torch::Tensor head;
+  if (!model.config().tie_word_embeddings) {
+    head = model.lm_head().to(torch::kFloat32).contiguous();
+    FD_RETURN_IF_ERROR(
+        out.Add("lm_head.weight", DType::kF32, head.sizes().vec(), head.data_ptr(), head.nbytes()));
+  }
+  return out.Write(path);
+}
+
 absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Load(const std::string& dir,
                                                                torch::ScalarType dtype) {
   FD_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/config.json"));

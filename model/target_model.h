@@ -43,6 +43,11 @@ DrafterModelConfig DrafterConfigForTarget(const TargetModelConfig& t,
                                           const std::vector<int>& layers, int64_t max_seq_len,
                                           int64_t mask_token_id);
 
+class TargetModel;
+// Writes the target's frozen tensors the drafter needs — embed_tokens.weight and, unless tied,
+// lm_head.weight, both F32 — as the safetensors file workers fetch (target.safetensors).
+absl::Status WriteFrozenTargetTensors(const TargetModel& model, const std::string& path);
+
 absl::StatusOr<TargetModelConfig> ParseTargetConfig(const std::string& json_text,
                                                     const std::string& source);
 

@@ -37,7 +37,7 @@ absl::StatusOr<std::unique_ptr<TargetModelSource>> TargetModelSource::Open(
   // Tokenize the whole data set now: lengths are needed to plan, and bad lines surface at once.
   std::ifstream in(o.data_jsonl);
   if (!in) return absl::NotFoundError(absl::StrCat(o.data_jsonl, ": cannot open"));
-  ChatLineReader reader({o.target_dir, o.tokenizer, 0}, *s->model_);
+  ChatLineReader reader({o.target_dir, o.tokenizer, o.max_new_tokens}, *s->model_);
   std::string line;
   int64_t line_no = 0;
   std::vector<int64_t> ids, mask;
@@ -46,6 +46,9 @@ absl::StatusOr<std::unique_ptr<TargetModelSource>> TargetModelSource::Open(
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     bool is_chat = false;
     absl::Status st = reader.Parse(line, t.vocab_size, /*regenerate=*/false, ids, mask, &is_chat);
+    if (st.ok() && is_chat && o.regenerate) {
+      st = reader.Parse(line, t.vocab_size, /*regenerate=*/true, ids, mask, &is_chat);
+    }
     if (!st.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(o.data_jsonl, ":", line_no, ": ", st.message()));
@@ -178,6 +181,8 @@ absl::StatusOr<SourceBundle> OpenTargetSource(const JobConfig& j) {
   o.num_features = j.drafter.num_target_features;
   o.max_seq_len = j.data.max_seq_len;
   o.feature_dtype = j.target.dtype == "float32" ? DType::kF32 : DType::kBF16;
+  o.regenerate = j.data.regenerate;
+  o.max_new_tokens = j.data.max_new_tokens;
   o.max_cached = static_cast<size_t>(std::max(1, j.data.prefetch_steps + 1) *
                                      std::max(1, j.train.global_batch_size));
   FD_ASSIGN_OR_RETURN(std::unique_ptr<TargetModelSource> source, TargetModelSource::Open(o));
@@ -190,18 +195,8 @@ absl::StatusOr<SourceBundle> OpenTargetSource(const JobConfig& j) {
   // The frozen tensors the workers fetch, as the offline path stores them.
   std::error_code ec;
   std::filesystem::create_directories(j.output_dir, ec);
-  SafetensorsWriter target;
-  const torch::Tensor embed = model.embed_tokens().to(torch::kFloat32).contiguous();
-  FD_RETURN_IF_ERROR(target.Add("embed_tokens.weight", DType::kF32, embed.sizes().vec(),
-                                embed.data_ptr(), embed.nbytes()));
-  torch::Tensor head;
-  if (!model.config().tie_word_embeddings) {
-    head = model.lm_head().to(torch::kFloat32).contiguous();
-    FD_RETURN_IF_ERROR(target.Add("lm_head.weight", DType::kF32, head.sizes().vec(),
-                                  head.data_ptr(), head.nbytes()));
-  }
   b.target_tensors_path = j.output_dir + "/target.safetensors";
-  FD_RETURN_IF_ERROR(target.Write(b.target_tensors_path));
+  FD_RETURN_IF_ERROR(WriteFrozenTargetTensors(model, b.target_tensors_path));
   b.source = std::move(source);
   return b;
 }

@@ -31,6 +31,8 @@ struct TargetSourceOptions {
   int num_features = 5;
   int64_t max_seq_len = 3072;
   DType feature_dtype = DType::kBF16;
+  bool regenerate = false;  // assistant turns become the target's greedy answers at open
+  int64_t max_new_tokens = 256;
   int threads = 1;          // background forward threads
   size_t max_cached = 256;  // samples computed ahead at most
 };
