@@ -7,16 +7,12 @@
 #include <random>
 
 #include "flashdraft/v1/coordinator.pb.h"
+#include "tests/support/test_util.h"
 
 namespace flashdraft {
 namespace {
 
-std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> v(n);
-  for (auto& b : v) b = static_cast<uint8_t>(rng());
-  return v;
-}
+using ::flashdraft::testing::RandomBytes;
 
 std::string Flatten(const grpc::ByteBuffer& buffer) {
   std::vector<grpc::Slice> slices;

@@ -6,15 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/test_util.h"
+
 namespace flashdraft {
 namespace {
 
-std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> v(n);
-  for (auto& b : v) b = static_cast<uint8_t>(rng());
-  return v;
-}
+using ::flashdraft::testing::RandomBytes;
 
 TEST(Crc32cTest, KnownVectors) {
   // RFC 3720 B.4 and the usual check value.
@@ -61,7 +58,7 @@ TEST(Crc32cTest, AcceleratedMatchesPortableAcrossLengthsAndAlignments) {
   for (size_t offset = 0; offset < 8; ++offset) {
     for (size_t len : lengths) {
       if (offset + len > data.size()) continue;
-      SCOPED_TRACE(testing::Message() << "offset " << offset << " len " << len);
+      SCOPED_TRACE(::testing::Message() << "offset " << offset << " len " << len);
       EXPECT_EQ(Crc32c(data.data() + offset, len),
                 Crc32cExtendPortable(0, data.data() + offset, len));
     }

@@ -7,18 +7,14 @@
 #include <random>
 
 #include "flashdraft/v1/tensor.pb.h"
+#include "tests/support/test_util.h"
 
 namespace flashdraft {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> v(n);
-  for (auto& b : v) b = static_cast<uint8_t>(rng());
-  return v;
-}
+using ::flashdraft::testing::RandomBytes;
 
 std::vector<v1::TensorChunk> Encode(const TensorSpec& spec, const std::vector<uint8_t>& bytes,
                                     size_t max_chunk) {

@@ -1,5 +1,8 @@
 // flashdraft-coordinator --job JOB.yaml [--set section.field=value ...] [--port-file FILE]
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <csignal>
 #include <fstream>
 #include <iostream>
@@ -11,6 +14,13 @@
 #include "coordinator/sources/target_source.h"
 
 namespace {
+
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void OnSignal(int sig) {
+  const char c = static_cast<char>(sig);
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &c, 1);  // async-signal-safe
+}
 
 int Fail(const absl::Status& s) {
   std::cerr << "flashdraft-coordinator: error: " << s.message() << "\n";
@@ -29,13 +39,16 @@ int main(int argc, char** argv) {
   app.add_option("--port-file", port_file, "write the bound port here once listening");
   CLI11_PARSE(app, argc, argv);
 
-  // SIGINT/SIGTERM end the job cleanly: blocked here, before gRPC starts any thread (threads
-  // inherit the mask), and turned into Abort() by a waiter thread below.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGINT/SIGTERM end the job cleanly. Libraries start threads before main (LibTorch's and
+  // OpenBLAS's pools), so a blocked mask cannot steer the signal to one thread: the handler only
+  // writes to a pipe, and a waiter thread below turns that into Abort().
+  if (pipe(g_signal_pipe) != 0) return Fail(absl::InternalError("pipe() failed"));
+  struct sigaction action {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
 
   absl::StatusOr<flashdraft::JobConfig> job = flashdraft::LoadJobConfig(job_path);
   if (!job.ok()) return Fail(job.status());
@@ -59,12 +72,11 @@ int main(int argc, char** argv) {
   std::cout << "listening on port " << (*coordinator)->port() << std::endl;
 
   flashdraft::Coordinator* c = coordinator->get();
-  std::thread([signals, c]() mutable {
-    int sig = 0;
-    if (sigwait(&signals, &sig) == 0) {
-      c->Abort(
-          absl::CancelledError(sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)"));
+  std::thread([c] {
+    char sig = 0;
+    while (read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
     }
+    c->Abort(absl::CancelledError(sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)"));
   }).detach();
 
   absl::Status result = c->Run();

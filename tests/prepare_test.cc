@@ -25,13 +25,17 @@ using ::testing::HasSubstr;
 const std::string kBin = FLASHDRAFT_BIN_DIR;
 const std::string kTargetReference = FLASHDRAFT_SOURCE_DIR "/tests/reference/target_reference.py";
 
+// A tiny random Hugging Face target under <dir>/model, written by the Python reference.
+void MakeReferenceTarget(const TempDir& dir, const std::string& flags) {
+  auto made = RunCommand(absl::StrCat(::flashdraft::testing::kReferencePython, " ",
+                                      kTargetReference, " ", dir.path(), " ", flags));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+}
+
 TEST(PrepareTest, ShardsFromARealTargetTrainAndResume) {
   FD_SKIP_WITHOUT_REFERENCE_PYTHON();
   TempDir dir;
-  auto made =
-      RunCommand(absl::StrCat(::flashdraft::testing::kReferencePython, " ", kTargetReference, " ",
-                              dir.path(), " --arch qwen3 --layers 4 --ids-layers 1"));
-  ASSERT_EQ(made.exit_code, 0) << made.output;
+  ASSERT_NO_FATAL_FAILURE(MakeReferenceTarget(dir, "--arch qwen3 --layers 4 --ids-layers 1"));
   // 40 samples with a prompt (loss_mask 0) then a response (1); line 5 is broken.
   std::ofstream data(dir.Join("data.jsonl"));
   std::mt19937 rng(3);
@@ -143,10 +147,8 @@ void WriteTinyTokenizer(const std::string& path) {
 TEST(PrepareTest, ChatLinesAreRenderedTokenizedAndRegenerated) {
   FD_SKIP_WITHOUT_REFERENCE_PYTHON();
   TempDir dir;
-  auto made =
-      RunCommand(absl::StrCat(::flashdraft::testing::kReferencePython, " ", kTargetReference, " ",
-                              dir.path(), " --arch qwen3 --layers 2 --ids-layers 1 --vocab 300"));
-  ASSERT_EQ(made.exit_code, 0) << made.output;
+  ASSERT_NO_FATAL_FAILURE(
+      MakeReferenceTarget(dir, "--arch qwen3 --layers 2 --ids-layers 1 --vocab 300"));
   std::ofstream data(dir.Join("chats.jsonl"));
   data
       << R"({"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hello there"}]})"
@@ -223,10 +225,7 @@ TEST(PrepareTest, ChatLinesAreRenderedTokenizedAndRegenerated) {
 TEST(PrepareTest, ImportsSpecForgeSamplesWrittenByTorchSave) {
   FD_SKIP_WITHOUT_REFERENCE_PYTHON();
   TempDir dir;
-  auto made =
-      RunCommand(absl::StrCat(::flashdraft::testing::kReferencePython, " ", kTargetReference, " ",
-                              dir.path(), " --arch qwen3 --layers 4 --ids-layers 1"));
-  ASSERT_EQ(made.exit_code, 0) << made.output;
+  ASSERT_NO_FATAL_FAILURE(MakeReferenceTarget(dir, "--arch qwen3 --layers 4 --ids-layers 1"));
   // SpecForge's layout: one torch.save dict per sample under rows_*/; data_3 has the wrong
   // width, data_5 is not a torch file; data_10 sorts after data_6.
   auto written = ::flashdraft::testing::RunReferencePython(R"(

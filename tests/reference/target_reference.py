@@ -102,6 +102,11 @@ def reference_for_existing(a):
     g = torch.Generator().manual_seed(a.seed)
     ids = torch.randint(0, cfg["vocab_size"], (2, 24), generator=g)
     os.makedirs(a.out, exist_ok=True)
+    write_ids_and_reference(a, cfg, w, ids)
+
+
+def write_ids_and_reference(a, cfg, w, ids):
+    """OUT/ids.safetensors and OUT/ref.safetensors (features of --ids-layers, logits)."""
     write_safetensors(os.path.join(a.out, "ids.safetensors"), {"input_ids": ids})
     hidden, logits = forward(cfg, w, ids)
     layers = [int(x) for x in a.ids_layers.split(",")]
@@ -169,12 +174,7 @@ def main():
     else:
         write_safetensors(os.path.join(mdir, "model.safetensors"), {k: w[k].float() for k in names})
     ids = torch.randint(0, V, (2, 24), generator=g)
-    write_safetensors(os.path.join(a.out, "ids.safetensors"), {"input_ids": ids})
-    hidden, logits = forward(cfg, w, ids)
-    layers = [int(x) for x in a.ids_layers.split(",")]
-    feats = torch.cat([hidden[i + 1] for i in layers], -1)
-    write_safetensors(os.path.join(a.out, "ref.safetensors"),
-                      {"hidden_states": feats.float(), "logits": logits.float()})
+    write_ids_and_reference(a, cfg, w, ids)
 
 
 if __name__ == "__main__":

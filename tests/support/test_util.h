@@ -1,6 +1,7 @@
 // Helpers shared by the test executables: scratch directories and the Python reference interpreter.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,9 @@ struct CommandResult {
 CommandResult RunCommand(const std::string& command);
 
 std::string ShellQuote(const std::string& s);
+
+// `n` bytes from a seeded generator (the same bytes for the same seed).
+std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed);
 
 }  // namespace flashdraft::testing
 
