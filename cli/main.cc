@@ -186,17 +186,21 @@ int main(int argc, char** argv) {
   tiny->add_option("--out", tiny_options.out, "output folder")->required();
   tiny->add_option("--steps", tiny_options.steps, "training steps")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{10000000}));
   tiny->add_option("--merges", tiny_options.num_merges, "BPE merges")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  tiny->add_option("--hidden", tiny_options.hidden_size, "hidden size")->capture_default_str();
-  tiny->add_option("--layers", tiny_options.num_layers, "decoder layers")->capture_default_str();
+      ->check(CLI::Range(0, 1000000));
+  tiny->add_option("--hidden", tiny_options.hidden_size, "hidden size")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{8}, int64_t{4096}));
+  tiny->add_option("--layers", tiny_options.num_layers, "decoder layers")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{64}));
   tiny->add_option("--corpus", tiny_options.corpus_dir, "folder of text files")
       ->capture_default_str();
   tiny->add_option("--threads", tiny_options.threads, "intra-op threads")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1024));
   tiny->add_option("--seed", tiny_options.seed, "seed")->capture_default_str();
   tiny->add_flag("--force", tiny_options.force, "retrain even if the folder is up to date");
 
@@ -235,7 +239,7 @@ int main(int argc, char** argv) {
       ->add_option("--max-new-tokens", prepare_options.max_new_tokens,
                    "longest regenerated answer, in tokens")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
 
   CLI::App* status = app.add_subcommand("status", "Ask a running coordinator how the job is going");
   std::string status_address;

@@ -78,9 +78,12 @@ json ConfigJson(const MakeTinyTargetOptions& o, int64_t vocab_size, int64_t eos,
 
 absl::Status MakeTinyTarget(const MakeTinyTargetOptions& o) {
   if (o.out.empty()) return absl::InvalidArgumentError("--out is required");
-  if (o.hidden_size % o.num_heads != 0 || o.num_heads % o.num_kv_heads != 0) {
+  if (o.hidden_size <= 0 || o.num_heads <= 0 || o.num_kv_heads <= 0 || o.num_layers <= 0 ||
+      o.hidden_size % o.num_heads != 0 || o.num_heads % o.num_kv_heads != 0 ||
+      (o.hidden_size / o.num_heads) % 2 != 0) {
     return absl::InvalidArgumentError(
-        "hidden size must divide by the heads, and the heads by the KV heads");
+        absl::StrCat("hidden size ", o.hidden_size, " must split into ", o.num_heads,
+                     " heads of an even size, and the heads into ", o.num_kv_heads, " KV heads"));
   }
   FD_ASSIGN_OR_RETURN(std::vector<std::string> corpus, ReadCorpus(o.corpus_dir));
   uint32_t digest = 0;
