@@ -96,12 +96,9 @@ class ZeroCopyService : public flashdraft::v1::Coordinator::WithRawCallbackMetho
     class Writer : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
      public:
       explicit Writer(const std::vector<uint8_t>& bytes) : bytes_(bytes) {
-        header_.set_name("hidden_states");
-        header_.set_dtype(flashdraft::v1::BF16);
-        header_.add_shape(static_cast<int64_t>(bytes.size() / 2));
-        header_.set_total_bytes(bytes.size());
-        header_.set_num_chunks(static_cast<uint32_t>(
-            flashdraft::NumChunks(bytes.size(), flashdraft::kDefaultMaxChunkBytes)));
+        (void)flashdraft::StartChunkHeader(
+            {"hidden_states", flashdraft::DType::kBF16, {static_cast<int64_t>(bytes.size() / 2)}},
+            bytes.size(), flashdraft::kDefaultMaxChunkBytes, header_);
         Next();
       }
       void OnWriteDone(bool ok) override {

@@ -65,11 +65,10 @@ absl::StatusOr<ImportedSample> ReadSpecForgeFile(const std::string& path, int64_
                                                    ids.size(0), ", loss_mask ", mask.size(0),
                                                    ", hidden_states ", features.size(0)));
   }
-  if (!ids.is_floating_point() && !ids.is_complex()) {
-    ids = ids.to(torch::kInt64).contiguous();
-  } else {
+  if (ids.is_floating_point() || ids.is_complex()) {
     return absl::InvalidArgumentError("input_ids is not an integer tensor");
   }
+  ids = ids.to(torch::kInt64).contiguous();
   const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
   if (lo < 0 || hi >= vocab) {
     return absl::InvalidArgumentError(

@@ -12,9 +12,6 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr const char* kQwen2Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
 json TokenizerJson(const json& vocab, const json& merges, const std::vector<std::string>& added,
                    int first_added_id) {
   json added_tokens = json::array();
@@ -34,7 +31,7 @@ json TokenizerJson(const json& vocab, const json& merges, const std::vector<std:
   byte_level["use_regex"] = false;
   json split = json::object();
   split["type"] = "Split";
-  split["pattern"] = json::object({{"Regex", kQwen2Pattern}});
+  split["pattern"] = json::object({{"Regex", std::string(kQwen2SplitPattern)}});
   split["behavior"] = "Isolated";
   split["invert"] = false;
   json pre = json::object();

@@ -18,12 +18,6 @@ namespace {
 
 using json = nlohmann::json;
 
-// The split patterns of Qwen2/Qwen3 (\p{N}) and Llama-3 (\p{N}{1,3}) tokenizer.json files.
-constexpr absl::string_view kQwen2Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-constexpr absl::string_view kLlama3Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
 // GPT-2's bytes_to_unicode: printable bytes stand for themselves, the rest for 256 + n.
 uint32_t ByteLevelCodePoint(uint8_t b) {
   if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174) return b;
@@ -224,8 +218,8 @@ absl::StatusOr<int> ReadPreTokenizer(const json& p, const std::string& label) {
     return unsupported("Sequence[1] (expected ByteLevel without prefix space or regex)");
   }
   const std::string pattern = split["pattern"]["Regex"].get<std::string>();
-  if (pattern == kQwen2Pattern) return 1;
-  if (pattern == kLlama3Pattern) return 3;
+  if (pattern == kQwen2SplitPattern) return 1;
+  if (pattern == kLlama3SplitPattern) return 3;
   return unsupported("split pattern " + pattern);
 }
 

@@ -20,6 +20,12 @@
 
 namespace flashdraft {
 
+// The split patterns of Qwen2/Qwen3 (\p{N}) and Llama-3 (\p{N}{1,3}) tokenizer.json files.
+inline constexpr absl::string_view kQwen2SplitPattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+inline constexpr absl::string_view kLlama3SplitPattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 class Tokenizer {
  public:
   struct Encoding {

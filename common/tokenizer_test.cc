@@ -14,9 +14,6 @@ using json = nlohmann::json;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-constexpr const char* kQwen2Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
 // A small byte-level BPE in the Qwen2 layout: the 256 byte tokens (ids 0-255) and a few merges.
 json TinyTokenizer() {
   json vocab = json::object();
@@ -35,7 +32,7 @@ json TinyTokenizer() {
                {{"type", "Sequence"},
                 {"pretokenizers",
                  {{{"type", "Split"},
-                   {"pattern", {{"Regex", kQwen2Pattern}}},
+                   {"pattern", {{"Regex", std::string(kQwen2SplitPattern)}}},
                    {"behavior", "Isolated"},
                    {"invert", false}},
                   {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},

@@ -7,6 +7,7 @@
 #include <deque>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -476,8 +477,8 @@ void Coordinator::FillStatus(v1::StatusReply* reply) const {
   reply->set_tau_estimate(last_record_.TauEstimate());
 }
 
-absl::Status Coordinator::SendStep(uint64_t step) {
-  const StepPlan plan = scheduler_->Plan(step, world_size_);
+absl::Status Coordinator::SendStep(const StepPlan& plan) {
+  const uint64_t step = plan.step;
   const double lr = CosineLearningRate(job_.train.learning_rate, warmup_steps_, total_steps_,
                                        static_cast<int64_t>(step));
   for (int rank = 0; rank < world_size_; ++rank) {
@@ -639,15 +640,22 @@ absl::Status Coordinator::Run() {
   const double start = Now();
   double step_start = start;
   absl::Status result;
+  // The plan of the next step to send, made one step early so the source can start on it.
+  std::optional<StepPlan> next_plan;
   for (int64_t step = 0; step < total_steps_; ++step) {
     // Keep `prefetch` steps queued at every worker so none waits on the source.
     while (sent < total_steps_ && sent <= step + prefetch) {
-      result = SendStep(static_cast<uint64_t>(sent++));
+      const StepPlan plan = next_plan ? std::move(*next_plan)
+                                      : scheduler_->Plan(static_cast<uint64_t>(sent), world_size_);
+      next_plan.reset();
+      result = SendStep(plan);
+      ++sent;
       if (!result.ok()) break;
       // The source may start on the step after the ones queued (an online target does).
       if (sent < total_steps_) {
+        next_plan = scheduler_->Plan(static_cast<uint64_t>(sent), world_size_);
         std::vector<uint64_t> next;
-        for (const MicrobatchPlan& mb : scheduler_->Plan(sent, world_size_).microbatches) {
+        for (const MicrobatchPlan& mb : next_plan->microbatches) {
           next.insert(next.end(), mb.samples.begin(), mb.samples.end());
         }
         source_->Prefetch(next);

@@ -97,7 +97,7 @@ class Coordinator {
 
  private:
   Coordinator() = default;
-  absl::Status SendStep(uint64_t step);
+  absl::Status SendStep(const StepPlan& plan);
   absl::Status WaitForAcks(uint64_t step);
   StepRecord Aggregate(uint64_t step, double seconds);
   void WriteRecord(const StepRecord& r);

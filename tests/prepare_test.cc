@@ -9,6 +9,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/bpe_trainer.h"
 #include "common/chat_template.h"
 #include "common/file_util.h"
 #include "common/safetensors.h"
@@ -114,36 +115,6 @@ train: {max_steps: 8, global_batch_size: 4}
   EXPECT_THAT(run.output, HasSubstr("job finished: 8 steps"));
 }
 
-// A byte-level tokenizer.json in the Qwen2 layout: 256 byte tokens, a few merges, the ChatML
-// tokens.
-void WriteTinyTokenizer(const std::string& path) {
-  nlohmann::json vocab = nlohmann::json::object();
-  for (int b = 0; b < 256; ++b) vocab[ByteLevelChar(static_cast<uint8_t>(b))] = b;
-  vocab["he"] = 261;
-  vocab["ll"] = 262;
-  const std::vector<std::string> added = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>",
-                                          "</think>"};
-  nlohmann::json added_tokens = nlohmann::json::array();
-  for (size_t i = 0; i < added.size(); ++i) {
-    added_tokens.push_back({{"id", 256 + i}, {"content", added[i]}, {"special", i < 3}});
-  }
-  const nlohmann::json j = {
-      {"normalizer", {{"type", "NFC"}}},
-      {"pre_tokenizer",
-       {{"type", "Sequence"},
-        {"pretokenizers",
-         {{{"type", "Split"},
-           {"pattern",
-            {{"Regex",
-              R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}}},
-           {"behavior", "Isolated"},
-           {"invert", false}},
-          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
-      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"h e", "l l"}}}},
-      {"added_tokens", added_tokens}};
-  std::ofstream(path) << j.dump();
-}
-
 TEST(PrepareTest, ChatLinesAreRenderedTokenizedAndRegenerated) {
   FD_SKIP_WITHOUT_REFERENCE_PYTHON();
   TempDir dir;
@@ -169,7 +140,12 @@ TEST(PrepareTest, ChatLinesAreRenderedTokenizedAndRegenerated) {
   EXPECT_THAT(no_tokenizer.output, HasSubstr("chats.jsonl:1: chat lines need a tokenizer"));
   EXPECT_THAT(no_tokenizer.output, HasSubstr("(give --tokenizer)"));
 
-  WriteTinyTokenizer(dir.Join("model/tokenizer.json"));
+  // A byte-level BPE in the Qwen2 layout with the ChatML tokens, ids below the target's 300.
+  BpeTrainerOptions bpe;
+  bpe.num_merges = 2;
+  auto tokenizer_json = TrainByteLevelBpe({"hello hello there"}, bpe);
+  ASSERT_TRUE(tokenizer_json.ok()) << tokenizer_json.status();
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("model/tokenizer.json"), *tokenizer_json).ok());
   auto strict = RunCommand(base + " --out " + dir.Join("strict"));
   EXPECT_EQ(strict.exit_code, 1);
   EXPECT_THAT(strict.output, HasSubstr("chats.jsonl:3: message 1: role 'tool' is not supported"));

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -116,6 +117,10 @@ absl::StatusOr<Sample> TargetModelSource::Get(uint64_t index) const {
       s.owned_features = std::move(it->second);
       ready_.erase(it);
       cv_.notify_all();  // room in the cache
+    } else {
+      // Asked for before the background thread got to it: computed below, so not again there
+      // (it would sit in the cache until the next epoch).
+      queue_.erase(std::remove(queue_.begin(), queue_.end(), index), queue_.end());
     }
   }
   if (s.owned_features.empty()) {
@@ -147,7 +152,7 @@ void TargetModelSource::BackgroundLoop() const {
     const uint64_t index = queue_.front();
     queue_.pop_front();
     if (ready_.count(index) || running_.count(index)) continue;
-    running_[index] = true;
+    running_.insert(index);
     lock.unlock();
     absl::StatusOr<std::vector<uint8_t>> f = Compute(index);
     lock.lock();

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -72,7 +73,7 @@ class TargetModelSource : public HiddenStateSource {
   mutable std::condition_variable cv_;
   mutable std::deque<uint64_t> queue_;  // announced, not yet started
   mutable std::map<uint64_t, std::vector<uint8_t>> ready_;
-  mutable std::map<uint64_t, bool> running_;
+  mutable std::set<uint64_t> running_;
   mutable uint64_t computed_ = 0;
   mutable bool stop_ = false;
   mutable std::vector<std::thread> threads_;
