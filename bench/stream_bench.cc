@@ -2,13 +2,17 @@
 // TensorChunk messages sent zero-copy, reassembled into preallocated memory by the receiver)
 // against its peer, a raw TCP socket sending the same bytes in the same run; and, for reference,
 // the same messages sent and received as protobuf objects (the copies the zero-copy path avoids).
+// As in a job, the sender (the coordinator's side) runs in its own process: this binary re-executes
+// itself with --serve, the child prints its ports and sends on request until its stdin closes.
 //
-//   stream_bench [--mib 512] [--repeats 3] [--tune-malloc 0|1]
+//   stream_bench [--mib 512] [--repeats 3] [--tune-malloc 0|1] [--protobuf 0|1]
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <spawn.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -82,23 +86,22 @@ class StreamService : public flashdraft::v1::Coordinator::CallbackService {
   const std::vector<uint8_t>& bytes_;
 };
 
-// The production path (coordinator/coordinator.cc's FetchTensors; its Train stream sends the same
-// buffers, encoded ahead by the run loop): the same messages on the wire, built by
-// EncodeChunkBuffer (header serialized, data handed to gRPC as a slice of the source buffer, the
-// CRC computed right before each write), read on the worker's threads: one receives, one parses and
-// assembles.
+// The production path (coordinator/coordinator.cc's Train stream): the same messages on the wire,
+// built by EncodeTensorBuffers (header serialized, data handed to gRPC as a slice of the source
+// buffer) with the chunk CRCs that ChunkCrcWriter computed while the coordinator packed the batch,
+// read on the worker's threads: one receives, one parses and assembles.
 class ZeroCopyService : public flashdraft::v1::Coordinator::WithRawCallbackMethod_FetchTensors<
                             flashdraft::v1::Coordinator::CallbackService> {
  public:
-  explicit ZeroCopyService(const std::vector<uint8_t>& bytes) : bytes_(bytes) {}
+  ZeroCopyService(const std::vector<uint8_t>& bytes, std::vector<uint32_t> crcs)
+      : bytes_(bytes), crcs_(std::move(crcs)) {}
   grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchTensors(grpc::CallbackServerContext*,
                                                            const grpc::ByteBuffer*) override {
+    // As the coordinator's run loop: the step's messages are encoded before they are queued, and
+    // the reactor keeps one write in flight.
     class Writer : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
      public:
-      explicit Writer(const std::vector<uint8_t>& bytes) : bytes_(bytes) {
-        (void)flashdraft::StartChunkHeader(
-            {"hidden_states", flashdraft::DType::kBF16, {static_cast<int64_t>(bytes.size() / 2)}},
-            bytes.size(), flashdraft::kDefaultMaxChunkBytes, header_);
+      explicit Writer(std::vector<grpc::ByteBuffer> buffers) : buffers_(std::move(buffers)) {
         Next();
       }
       void OnWriteDone(bool ok) override {
@@ -109,26 +112,24 @@ class ZeroCopyService : public flashdraft::v1::Coordinator::WithRawCallbackMetho
 
      private:
       void Next() {
-        if (index_ == header_.num_chunks()) return Finish(grpc::Status::OK);
-        const uint64_t offset = uint64_t{index_} * flashdraft::kDefaultMaxChunkBytes;
-        header_.set_offset(offset);
-        header_.set_chunk_index(index_++);
-        buffer_ = flashdraft::EncodeChunkBuffer(
-            header_, bytes_.data() + offset,
-            std::min<uint64_t>(flashdraft::kDefaultMaxChunkBytes, bytes_.size() - offset), nullptr,
-            0);
-        StartWrite(&buffer_);
+        if (index_ == buffers_.size()) return Finish(grpc::Status::OK);
+        StartWrite(&buffers_[index_++]);
       }
-      const std::vector<uint8_t>& bytes_;
-      flashdraft::v1::TensorChunk header_;
-      uint32_t index_ = 0;
-      grpc::ByteBuffer buffer_;
+      std::vector<grpc::ByteBuffer> buffers_;
+      size_t index_ = 0;
     };
-    return new Writer(bytes_);
+    std::vector<grpc::ByteBuffer> buffers;
+    const absl::Status s = flashdraft::EncodeTensorBuffers(
+        {"hidden_states", flashdraft::DType::kBF16, {static_cast<int64_t>(bytes_.size() / 2)}},
+        bytes_.data(), bytes_.size(), flashdraft::kDefaultMaxChunkBytes, nullptr, 0, &buffers,
+        crcs_);
+    if (!s.ok()) std::abort();
+    return new Writer(std::move(buffers));
   }
 
  private:
   const std::vector<uint8_t>& bytes_;
+  const std::vector<uint32_t> crcs_;
 };
 
 void Fail(const std::string& what) {
@@ -184,18 +185,31 @@ double GrpcSeconds(flashdraft::v1::Coordinator::Stub& stub, std::vector<uint8_t>
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double TcpSeconds(const std::vector<uint8_t>& src, std::vector<uint8_t>& dst) {
-  int listener = socket(AF_INET, SOCK_STREAM, 0);
+// The receiving end of the raw TCP peer: connect, read everything the sender writes into `dst`.
+double TcpSeconds(int port, std::vector<uint8_t>& dst) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  listen(listener, 1);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
   const auto t0 = Clock::now();
-  std::thread sender([&] {
+  int c = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) Fail("connect failed");
+  size_t off = 0;
+  while (off < dst.size()) {
+    ssize_t n = recv(c, dst.data() + off, dst.size() - off, 0);
+    if (n <= 0) break;
+    off += n;
+  }
+  close(c);
+  if (off != dst.size()) Fail("raw TCP stream ended early");
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The sending end of the raw TCP peer: every accepted connection gets all of `src` in 4 MiB sends.
+void ServeTcp(int listener, const std::vector<uint8_t>& src) {
+  for (;;) {
     int s = accept(listener, nullptr, nullptr);
+    if (s < 0) return;
     size_t off = 0;
     while (off < src.size()) {
       ssize_t n = send(s, src.data() + off, std::min<size_t>(4 << 20, src.size() - off), 0);
@@ -203,19 +217,101 @@ double TcpSeconds(const std::vector<uint8_t>& src, std::vector<uint8_t>& dst) {
       off += n;
     }
     close(s);
-  });
-  int c = socket(AF_INET, SOCK_STREAM, 0);
-  connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  size_t off = 0;
-  while (off < dst.size()) {
-    ssize_t n = recv(c, dst.data() + off, dst.size() - off, 0);
-    if (n <= 0) break;
-    off += n;
   }
-  sender.join();
-  close(c);
+}
+
+std::vector<uint8_t> TestBytes(size_t n) {
+  std::vector<uint8_t> bytes(n);
+  std::mt19937_64 rng(1);
+  for (size_t i = 0; i < n; i += 8) {
+    const uint64_t r = rng();
+    std::memcpy(bytes.data() + i, &r, 8);
+  }
+  return bytes;
+}
+
+std::unique_ptr<grpc::Server> StartServer(grpc::Service* service, int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  builder.SetMaxSendMessageSize(kMaxMessage);
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
+// The sender process: serves both gRPC paths and the raw TCP peer, prints "<grpc> <zero-copy>
+// <tcp>" ports on stdout and runs until its stdin closes (the parent exited or is done).
+int Serve(size_t n, bool tune_malloc) {
+  if (tune_malloc) flashdraft::TuneMallocForStreaming();  // as the coordinator's side would
+  // The batch as the coordinator packs it: copied, with every chunk's CRC computed on the way.
+  const std::vector<uint8_t> data = TestBytes(n);
+  std::vector<uint8_t> src(n);
+  flashdraft::ChunkCrcWriter packer(src.data(), n, flashdraft::kDefaultMaxChunkBytes);
+  if (!packer.Copy(data.data(), n).ok()) Fail("packing failed");
+  absl::StatusOr<std::vector<uint32_t>> crcs = packer.Finish();
+  if (!crcs.ok()) Fail("packing failed");
+  StreamService service(src);
+  ZeroCopyService zero_copy_service(src, *std::move(crcs));
+  int port = 0, zc_port = 0;
+  auto server = StartServer(&service, &port);
+  auto zc_server = StartServer(&zero_copy_service, &zc_port);
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (!server || !zc_server || listener < 0 ||
+      bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      listen(listener, 1) != 0) {
+    Fail("sender: cannot listen on loopback");
+  }
+  std::thread tcp([&] { ServeTcp(listener, src); });
+  std::printf("%d %d %d\n", port, zc_port, ntohs(addr.sin_port));
+  std::fflush(stdout);
+  char c;
+  while (read(STDIN_FILENO, &c, 1) > 0) {
+  }
+  shutdown(listener, SHUT_RDWR);
   close(listener);
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+  tcp.join();
+  server->Shutdown();
+  zc_server->Shutdown();
+  return 0;
+}
+
+// Starts this binary as the sender process; returns its pid, the write end of its stdin, its ports.
+pid_t SpawnSender(size_t mib, bool tune_malloc, int* stdin_fd, int ports[3]) {
+  int to_child[2], from_child[2];
+  if (pipe(to_child) != 0 || pipe(from_child) != 0) Fail("pipe failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, to_child[0], STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, from_child[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&actions, to_child[1]);
+  posix_spawn_file_actions_addclose(&actions, from_child[0]);
+  const std::string mib_arg = std::to_string(mib), tune_arg = tune_malloc ? "1" : "0";
+  char* args[] = {const_cast<char*>("stream_bench"),
+                  const_cast<char*>("--serve"),
+                  const_cast<char*>("1"),
+                  const_cast<char*>("--mib"),
+                  const_cast<char*>(mib_arg.c_str()),
+                  const_cast<char*>("--tune-malloc"),
+                  const_cast<char*>(tune_arg.c_str()),
+                  nullptr};
+  pid_t pid = 0;
+  if (posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, args, environ) != 0) {
+    Fail("cannot start the sender process");
+  }
+  posix_spawn_file_actions_destroy(&actions);
+  close(to_child[0]);
+  close(from_child[1]);
+  FILE* out = fdopen(from_child[0], "r");
+  if (out == nullptr || std::fscanf(out, "%d %d %d", &ports[0], &ports[1], &ports[2]) != 3) {
+    Fail("the sender process did not report its ports");
+  }
+  std::fclose(out);
+  *stdin_fd = to_child[1];
+  return pid;
 }
 
 }  // namespace
@@ -224,39 +320,28 @@ int main(int argc, char** argv) {
   size_t mib = 512;
   int repeats = 3;
   int tune_malloc = 1;
+  bool serve = false;
+  bool protobuf = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::string(argv[i]) == "--mib") mib = std::stoul(argv[i + 1]);
     if (std::string(argv[i]) == "--repeats") repeats = std::stoi(argv[i + 1]);
     if (std::string(argv[i]) == "--tune-malloc") tune_malloc = std::stoi(argv[i + 1]);
+    if (std::string(argv[i]) == "--serve") serve = std::string(argv[i + 1]) == "1";
+    if (std::string(argv[i]) == "--protobuf") protobuf = std::string(argv[i + 1]) == "1";
   }
-  if (tune_malloc) flashdraft::TuneMallocForStreaming();  // as flashdraft-worker does
   const size_t n = mib << 20;
-  std::vector<uint8_t> src(n), dst(n, 0);
-  std::mt19937_64 rng(1);
-  for (size_t i = 0; i < n; i += 8) {
-    const uint64_t r = rng();
-    std::memcpy(src.data() + i, &r, 8);
-  }
-  StreamService service(src);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxSendMessageSize(kMaxMessage);
-  builder.RegisterService(&service);
-  auto server = builder.BuildAndStart();
+  if (serve) return Serve(n, tune_malloc != 0);
+  int sender_stdin = -1;
+  int ports[3] = {0, 0, 0};
+  const pid_t sender = SpawnSender(mib, tune_malloc != 0, &sender_stdin, ports);
+  if (tune_malloc) flashdraft::TuneMallocForStreaming();  // as flashdraft-worker does
+  const std::vector<uint8_t> src = TestBytes(n);
+  std::vector<uint8_t> dst(n, 0);
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessage);
   auto stub = flashdraft::v1::Coordinator::NewStub(grpc::CreateCustomChannel(
-      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args));
-
-  ZeroCopyService zero_copy_service(src);
-  grpc::ServerBuilder zc_builder;
-  int zc_port = 0;
-  zc_builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &zc_port);
-  zc_builder.SetMaxSendMessageSize(kMaxMessage);
-  zc_builder.RegisterService(&zero_copy_service);
-  auto zc_server = zc_builder.BuildAndStart();
-  auto zc_channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(zc_port),
+      "127.0.0.1:" + std::to_string(ports[0]), grpc::InsecureChannelCredentials(), args));
+  auto zc_channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(ports[1]),
                                               grpc::InsecureChannelCredentials(), args);
 
   double grpc_best = 1e9, zc_best = 1e9, tcp_best = 1e9;
@@ -264,32 +349,40 @@ int main(int argc, char** argv) {
     if (std::memcmp(src.data(), dst.data(), n) != 0) Fail("received bytes differ");
     std::fill(dst.begin(), dst.end(), 0);
   };
-  GrpcSeconds(*stub, dst);  // warm-up
-  check();
-  ZeroCopySeconds(zc_channel, dst);
-  check();
-  TcpSeconds(src, dst);
-  check();
-  for (int r = 0; r < repeats; ++r) {
-    grpc_best = std::min(grpc_best, GrpcSeconds(*stub, dst));
-    check();
-    zc_best = std::min(zc_best, ZeroCopySeconds(zc_channel, dst));
-    check();
-    tcp_best = std::min(tcp_best, TcpSeconds(src, dst));
+  if (protobuf) {
+    GrpcSeconds(*stub, dst);  // warm-up
     check();
   }
+  ZeroCopySeconds(zc_channel, dst);
+  check();
+  TcpSeconds(ports[2], dst);
+  check();
+  for (int r = 0; r < repeats; ++r) {
+    if (protobuf) {
+      grpc_best = std::min(grpc_best, GrpcSeconds(*stub, dst));
+      check();
+    }
+    zc_best = std::min(zc_best, ZeroCopySeconds(zc_channel, dst));
+    check();
+    tcp_best = std::min(tcp_best, TcpSeconds(ports[2], dst));
+    check();
+  }
+  close(sender_stdin);
+  int wstatus = 0;
+  waitpid(sender, &wstatus, 0);
   const double gb = n / 1e9;
   std::printf("malloc tuned for streaming: %s\n",
               tune_malloc ? "yes (as flashdraft-worker)" : "no");
-  std::printf("loopback streaming of %zu MiB, best of %d\n", mib, repeats);
+  std::printf("loopback streaming of %zu MiB, sender in its own process, best of %d\n", mib,
+              repeats);
   std::printf("%-40s %8s %8s %10s\n", "path", "s", "GB/s", "vs TCP");
   std::printf("%-40s %8.3f %8.2f %9.0f%%\n", "raw TCP socket (peer)", tcp_best, gb / tcp_best,
               100.0);
   std::printf("%-40s %8.3f %8.2f %9.0f%%\n", "gRPC zero-copy chunks (flashdraft)", zc_best,
               gb / zc_best, 100.0 * tcp_best / zc_best);
-  std::printf("%-40s %8.3f %8.2f %9.0f%%\n", "gRPC protobuf TensorChunk messages", grpc_best,
-              gb / grpc_best, 100.0 * tcp_best / grpc_best);
-  server->Shutdown();
-  zc_server->Shutdown();
-  return 0;
+  if (protobuf) {
+    std::printf("%-40s %8.3f %8.2f %9.0f%%\n", "gRPC protobuf TensorChunk messages", grpc_best,
+                gb / grpc_best, 100.0 * tcp_best / grpc_best);
+  }
+  return WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0 ? 0 : 1;
 }

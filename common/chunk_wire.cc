@@ -96,9 +96,10 @@ class SliceCursor {
 }  // namespace
 
 grpc::ByteBuffer EncodeChunkBuffer(v1::TensorChunk& header, const uint8_t* data, size_t len,
-                                   const std::shared_ptr<const void>& owner, int wrapper_field) {
+                                   const std::shared_ptr<const void>& owner, int wrapper_field,
+                                   std::optional<uint32_t> crc) {
   header.clear_data();
-  header.set_crc32c(len == 0 ? 0 : Crc32c(data, len));
+  header.set_crc32c(crc.has_value() ? *crc : len == 0 ? 0 : Crc32c(data, len));
   const std::string serialized = header.SerializeAsString();
   std::string prefix;
   const uint64_t data_field_bytes = len == 0 ? 0 : 1 + VarintSize(len) + len;
@@ -122,17 +123,24 @@ grpc::ByteBuffer EncodeChunkBuffer(v1::TensorChunk& header, const uint8_t* data,
 
 absl::Status EncodeTensorBuffers(const TensorSpec& spec, const void* data, size_t nbytes,
                                  size_t max_chunk_bytes, const std::shared_ptr<const void>& owner,
-                                 int wrapper_field, std::vector<grpc::ByteBuffer>* out) {
+                                 int wrapper_field, std::vector<grpc::ByteBuffer>* out,
+                                 absl::Span<const uint32_t> chunk_crcs) {
   v1::TensorChunk header;
   FD_ASSIGN_OR_RETURN(const uint32_t num_chunks,
                       StartChunkHeader(spec, nbytes, max_chunk_bytes, header));
+  if (!chunk_crcs.empty() && chunk_crcs.size() != num_chunks) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name, "': ", chunk_crcs.size(),
+                                                   " chunk CRCs for ", num_chunks, " chunks"));
+  }
   const uint8_t* src = static_cast<const uint8_t*>(data);
   for (uint64_t i = 0; i < num_chunks; ++i) {
     const uint64_t offset = i * max_chunk_bytes;
     const size_t len = static_cast<size_t>(std::min<uint64_t>(max_chunk_bytes, nbytes - offset));
     header.set_offset(offset);
     header.set_chunk_index(static_cast<uint32_t>(i));
-    out->push_back(EncodeChunkBuffer(header, src + offset, len, owner, wrapper_field));
+    out->push_back(EncodeChunkBuffer(
+        header, src + offset, len, owner, wrapper_field,
+        chunk_crcs.empty() ? std::nullopt : std::optional<uint32_t>(chunk_crcs[i])));
   }
   return absl::OkStatus();
 }

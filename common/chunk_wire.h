@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -24,16 +25,21 @@ namespace flashdraft {
 // Field number of CoordinatorMessage.tensor_chunk; 0 means "a bare TensorChunk".
 inline constexpr int kCoordinatorMessageChunkField = 4;
 
-// One chunk: `header` (everything but data; its crc32c is computed here) plus `len` bytes at
-// `data`, which are not copied. `owner` keeps them alive while gRPC holds the slice; pass nullptr
-// only for memory that outlives the server (the coordinator's mapped target file).
+// One chunk: `header` (everything but data; its crc32c is computed here unless `crc` gives it)
+// plus `len` bytes at `data`, which are not copied. `owner` keeps them alive while gRPC holds the
+// slice; pass nullptr only for memory that outlives the server (the coordinator's mapped target
+// file).
 grpc::ByteBuffer EncodeChunkBuffer(v1::TensorChunk& header, const uint8_t* data, size_t len,
-                                   const std::shared_ptr<const void>& owner, int wrapper_field);
+                                   const std::shared_ptr<const void>& owner, int wrapper_field,
+                                   std::optional<uint32_t> crc = std::nullopt);
 
-// All chunks of a tensor, in order, appended to `out`.
+// All chunks of a tensor, in order, appended to `out`. `chunk_crcs`, when not empty, are the
+// chunks' CRCs already known (ChunkCrcWriter computed them while building the data): one per
+// chunk, or an error.
 absl::Status EncodeTensorBuffers(const TensorSpec& spec, const void* data, size_t nbytes,
                                  size_t max_chunk_bytes, const std::shared_ptr<const void>& owner,
-                                 int wrapper_field, std::vector<grpc::ByteBuffer>* out);
+                                 int wrapper_field, std::vector<grpc::ByteBuffer>* out,
+                                 absl::Span<const uint32_t> chunk_crcs = {});
 
 // A received chunk whose data still lies in gRPC's slices.
 struct ReceivedChunk {

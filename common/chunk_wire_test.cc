@@ -68,6 +68,30 @@ TEST(ChunkWireTest, BytesEqualProtobufEncoding) {
   }
 }
 
+// CRCs known in advance (from ChunkCrcWriter) give the same bytes; a wrong count is refused.
+TEST(ChunkWireTest, KnownCrcsGiveTheSameBytes) {
+  const TensorSpec spec{"hidden_states", DType::kBF16, {3, 1000}};
+  auto bytes = std::make_shared<std::vector<uint8_t>>(RandomBytes(6000, 2));
+  std::vector<uint8_t> packed(bytes->size());
+  ChunkCrcWriter writer(packed.data(), packed.size(), 1024);
+  ASSERT_TRUE(writer.Copy(bytes->data(), bytes->size()).ok());
+  absl::StatusOr<std::vector<uint32_t>> crcs = writer.Finish();
+  ASSERT_TRUE(crcs.ok());
+  std::vector<grpc::ByteBuffer> known;
+  ASSERT_TRUE(EncodeTensorBuffers(spec, bytes->data(), bytes->size(), 1024, bytes,
+                                  kCoordinatorMessageChunkField, &known, *crcs)
+                  .ok());
+  std::vector<grpc::ByteBuffer> computed =
+      EncodeBuffers(spec, bytes, 1024, kCoordinatorMessageChunkField);
+  ASSERT_EQ(known.size(), computed.size());
+  for (size_t i = 0; i < known.size(); ++i) EXPECT_EQ(Flatten(known[i]), Flatten(computed[i]));
+  std::vector<grpc::ByteBuffer> out;
+  const std::vector<uint32_t> too_few(crcs->begin(), crcs->end() - 1);
+  EXPECT_THAT(EncodeTensorBuffers(spec, bytes->data(), bytes->size(), 1024, bytes, 0, &out, too_few)
+                  .message(),
+              ::testing::HasSubstr("5 chunk CRCs for 6 chunks"));
+}
+
 TEST(ChunkWireTest, ParsesAcrossAnySliceBoundariesAndAssembles) {
   const TensorSpec spec{"x", DType::kF32, {257, 3}};
   auto bytes = std::make_shared<std::vector<uint8_t>>(RandomBytes(257 * 3 * 4, 2));

@@ -1,5 +1,6 @@
 #include "common/tensor_codec.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -49,6 +50,65 @@ absl::StatusOr<uint32_t> StartChunkHeader(const TensorSpec& spec, size_t nbytes,
   header.set_total_bytes(nbytes);
   header.set_num_chunks(static_cast<uint32_t>(num_chunks));
   return static_cast<uint32_t>(num_chunks);
+}
+
+ChunkCrcWriter::ChunkCrcWriter(void* dst, size_t nbytes, size_t max_chunk_bytes)
+    : dst_(static_cast<uint8_t*>(dst)),
+      nbytes_(nbytes),
+      max_chunk_bytes_(std::max<size_t>(max_chunk_bytes, 1)) {
+  crcs_.reserve(NumChunks(nbytes, max_chunk_bytes_));
+}
+
+template <typename Fill>
+absl::Status ChunkCrcWriter::Write(size_t n, Fill fill) {
+  if (n > nbytes_ - written_) {
+    return absl::OutOfRangeError(absl::StrCat("ChunkCrcWriter: writing ", n, " bytes at ", written_,
+                                              " overflows the tensor's ", nbytes_, " bytes"));
+  }
+  while (n > 0) {
+    const size_t in_chunk = written_ % max_chunk_bytes_;
+    const size_t len = std::min(n, max_chunk_bytes_ - in_chunk);
+    crc_ = fill(crc_, dst_ + written_, len);
+    written_ += len;
+    n -= len;
+    if (in_chunk + len == max_chunk_bytes_ || written_ == nbytes_) {
+      crcs_.push_back(crc_);
+      crc_ = 0;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkCrcWriter::Copy(const void* src, size_t n) {
+  const uint8_t* from = static_cast<const uint8_t*>(src);
+  return Write(n, [&](uint32_t crc, uint8_t* to, size_t len) {
+    crc = Crc32cCopy(crc, to, from, len);
+    from += len;
+    return crc;
+  });
+}
+
+absl::Status ChunkCrcWriter::Zero(size_t n) {
+  // The CRC runs over a small zero block that stays in cache instead of reading the run back.
+  static constexpr size_t kBlock = 16 << 10;
+  static const uint8_t kZeros[kBlock] = {};
+  return Write(n, [&](uint32_t crc, uint8_t* to, size_t len) {
+    std::memset(to, 0, len);
+    for (size_t done = 0; done < len; done += kBlock) {
+      crc = Crc32cExtend(crc, kZeros, std::min(kBlock, len - done));
+    }
+    return crc;
+  });
+}
+
+absl::StatusOr<std::vector<uint32_t>> ChunkCrcWriter::Finish() {
+  if (written_ != nbytes_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ChunkCrcWriter: ", written_, " of the tensor's ", nbytes_, " bytes were written"));
+  }
+  // An empty tensor is one empty chunk, whose CRC is 0.
+  if (nbytes_ == 0) return std::vector<uint32_t>{0};
+  return std::move(crcs_);
 }
 
 absl::Status EncodeTensor(const TensorSpec& spec, const void* data, size_t nbytes,

@@ -53,6 +53,32 @@ absl::Status AppendTensorChunks(const TensorSpec& spec, const void* data, size_t
                                 size_t max_chunk_bytes,
                                 std::function<v1::TensorChunk*()> add_chunk);
 
+// Builds a tensor's bytes front to back (copies and zero runs) and computes the CRC-32C of each of
+// its chunks in the same pass, so that a sender which packs its batch anyway (the coordinator's
+// padded microbatches) needs no pass of its own to checksum what it sends: hand the CRCs to
+// EncodeTensorBuffers. The chunk boundaries are those of EncodeTensor with `max_chunk_bytes`.
+class ChunkCrcWriter {
+ public:
+  ChunkCrcWriter(void* dst, size_t nbytes, size_t max_chunk_bytes);
+  // Appends `n` bytes from `src`, or `n` zero bytes; an error (and nothing written) when the
+  // tensor would overflow.
+  absl::Status Copy(const void* src, size_t n);
+  absl::Status Zero(size_t n);
+  size_t written() const { return written_; }
+  // The CRC of every chunk, in order (NumChunks entries); an error unless all bytes were written.
+  absl::StatusOr<std::vector<uint32_t>> Finish();
+
+ private:
+  template <typename Fill>
+  absl::Status Write(size_t n, Fill fill);
+
+  uint8_t* dst_;
+  size_t nbytes_, max_chunk_bytes_;
+  size_t written_ = 0;
+  uint32_t crc_ = 0;  // of the current chunk's bytes so far
+  std::vector<uint32_t> crcs_;
+};
+
 // Reassembles one tensor from its chunks.
 class TensorAssembler {
  public:

@@ -182,5 +182,52 @@ TEST(TensorCodecTest, AllocatorRefusalPropagates) {
   EXPECT_THAT(assembler.Add(chunks[0]).message(), HasSubstr("unexpected tensor 'x'"));
 }
 
+// Packing with ChunkCrcWriter gives the same bytes as copying and zeroing, and the CRC of every
+// chunk as EncodeTensor computes it, whatever the runs' sizes are against the chunk boundaries.
+TEST(ChunkCrcWriterTest, CrcsEqualThoseOfTheEncodedChunks) {
+  const std::vector<uint8_t> src = RandomBytes(5000, 3);
+  for (size_t max_chunk : {size_t{1}, size_t{7}, size_t{64}, size_t{1000}, size_t{100000}}) {
+    // Runs of data and zeros as a padded batch has them: 3 samples of 900, 1200, 1 bytes padded
+    // to 1200 each.
+    std::vector<uint8_t> packed(3600, 0xAA), expected(3600, 0);
+    ChunkCrcWriter writer(packed.data(), packed.size(), max_chunk);
+    size_t at = 0;
+    for (size_t len : {size_t{900}, size_t{1200}, size_t{1}}) {
+      ASSERT_TRUE(writer.Copy(src.data() + at, len).ok());
+      ASSERT_TRUE(writer.Zero(1200 - len).ok());
+      std::copy(src.begin() + at, src.begin() + at + len, expected.begin() + (at / 1200) * 1200);
+      at += 1200;
+    }
+    absl::StatusOr<std::vector<uint32_t>> crcs = writer.Finish();
+    ASSERT_TRUE(crcs.ok()) << crcs.status();
+    EXPECT_EQ(packed, expected) << "max_chunk " << max_chunk;
+    std::vector<uint32_t> want;
+    v1::TensorChunk chunk;
+    ASSERT_TRUE(EncodeTensor({"x", DType::kU8, {3600}}, expected.data(), expected.size(), max_chunk,
+                             chunk,
+                             [&](v1::TensorChunk& c) {
+                               want.push_back(c.crc32c());
+                               return absl::OkStatus();
+                             })
+                    .ok());
+    EXPECT_EQ(*crcs, want) << "max_chunk " << max_chunk;
+  }
+}
+
+TEST(ChunkCrcWriterTest, RefusesOverflowAndShortTensors) {
+  std::vector<uint8_t> dst(10, 0);
+  const std::vector<uint8_t> src(20, 1);
+  ChunkCrcWriter writer(dst.data(), dst.size(), 4);
+  ASSERT_TRUE(writer.Copy(src.data(), 6).ok());
+  EXPECT_THAT(writer.Copy(src.data(), 5).message(), HasSubstr("overflows the tensor's 10 bytes"));
+  EXPECT_THAT(writer.Zero(5).message(), HasSubstr("overflows"));
+  EXPECT_EQ(writer.written(), 6u);
+  EXPECT_THAT(writer.Finish().status().message(), HasSubstr("6 of the tensor's 10 bytes"));
+  ChunkCrcWriter empty(nullptr, 0, 4);
+  absl::StatusOr<std::vector<uint32_t>> crcs = empty.Finish();
+  ASSERT_TRUE(crcs.ok());
+  EXPECT_EQ(*crcs, std::vector<uint32_t>{0});  // one empty chunk, as EncodeTensor sends
+}
+
 }  // namespace
 }  // namespace flashdraft

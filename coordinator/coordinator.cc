@@ -504,7 +504,10 @@ absl::Status Coordinator::SendStep(const StepPlan& plan) {
     const size_t fbytes = ElementSize(source_->feature_dtype());
     auto ids = std::make_shared<std::vector<int64_t>>(b * s, 0);
     auto mask = std::make_shared<std::vector<uint8_t>>(b * s, 0);
-    auto feats = std::make_shared<std::vector<uint8_t>>(b * s * f * fbytes, 0);
+    // The features are packed by a ChunkCrcWriter: one pass copies, pads and checksums them.
+    const size_t feats_bytes = static_cast<size_t>(b * s * f) * fbytes;
+    std::shared_ptr<uint8_t[]> feats(new uint8_t[std::max<size_t>(feats_bytes, 1)]);
+    ChunkCrcWriter feats_writer(feats.get(), feats_bytes, kDefaultMaxChunkBytes);
     std::vector<std::vector<int64_t>> anchors(b);
     int64_t n = 1;
     for (int64_t i = 0; i < b; ++i) {
@@ -513,7 +516,8 @@ absl::Status Coordinator::SendStep(const StepPlan& plan) {
       const int64_t len = sample.length();
       std::copy(sample.input_ids.begin(), sample.input_ids.end(), ids->begin() + i * s);
       for (int64_t t = 0; t < len; ++t) (*mask)[i * s + t] = sample.loss_mask[t] != 0;
-      std::memcpy(feats->data() + i * s * f * fbytes, sample.features, len * f * fbytes);
+      FD_RETURN_IF_ERROR(feats_writer.Copy(sample.features, len * f * fbytes));
+      FD_RETURN_IF_ERROR(feats_writer.Zero((s - len) * f * fbytes));
       anchors[i] = scheduler_->Anchors(sample, step);
       n = std::max<int64_t>(n, static_cast<int64_t>(anchors[i].size()));
     }
@@ -528,9 +532,10 @@ absl::Status Coordinator::SendStep(const StepPlan& plan) {
     FD_RETURN_IF_ERROR(EncodeTensorBuffers({"loss_mask", DType::kU8, {b, s}}, mask->data(),
                                            mask->size(), kDefaultMaxChunkBytes, mask, field,
                                            &messages));
+    FD_ASSIGN_OR_RETURN(const std::vector<uint32_t> feats_crcs, feats_writer.Finish());
     FD_RETURN_IF_ERROR(EncodeTensorBuffers({"hidden_states", source_->feature_dtype(), {b, s, f}},
-                                           feats->data(), feats->size(), kDefaultMaxChunkBytes,
-                                           feats, field, &messages));
+                                           feats.get(), feats_bytes, kDefaultMaxChunkBytes, feats,
+                                           field, &messages, feats_crcs));
     FD_RETURN_IF_ERROR(EncodeTensorBuffers({"anchors", DType::kI64, {b, n}}, anchor_matrix->data(),
                                            anchor_matrix->size() * 8, kDefaultMaxChunkBytes,
                                            anchor_matrix, field, &messages));
