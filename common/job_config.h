@@ -79,6 +79,8 @@ struct ClusterConfig {
   double heartbeat_timeout_seconds = 20.0;
   double collective_timeout_seconds = 300.0;
   double join_timeout_seconds = 600.0;
+  // Gradients are summed in buckets of this size, each starting while backward still runs.
+  double allreduce_bucket_mib = 4.0;
 };
 
 struct CheckpointConfig {

@@ -5,11 +5,20 @@
 
 #include <torch/torch.h>
 
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 
 namespace flashdraft {
+
+// A collective that was started and runs on the backend's threads.
+class CollectiveWork {
+ public:
+  virtual ~CollectiveWork() = default;
+  // Blocks until it completed; the error when it failed or timed out.
+  virtual absl::Status Wait() = 0;
+};
 
 class Collective {
  public:
@@ -18,6 +27,9 @@ class Collective {
   virtual int world_size() const = 0;
   // Sums `tensors` across ranks in place (one flattened bucket per dtype).
   virtual absl::Status AllReduceSum(const std::vector<torch::Tensor>& tensors) = 0;
+  // Starts summing one contiguous tensor across ranks in place and returns at once; the tensor must
+  // stay alive and untouched until Wait() returns. Every rank must start the same sequence.
+  virtual std::unique_ptr<CollectiveWork> StartAllReduceSum(torch::Tensor flat) = 0;
   // Overwrites `tensors` on every rank with root's values.
   virtual absl::Status Broadcast(const std::vector<torch::Tensor>& tensors, int root) = 0;
   virtual absl::Status Barrier() = 0;

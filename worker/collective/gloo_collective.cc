@@ -5,6 +5,10 @@
 namespace flashdraft {
 namespace {
 
+absl::Status WorkError(const char* what, const std::exception& e) {
+  return absl::UnavailableError(absl::StrCat("gloo ", what, " failed: ", e.what()));
+}
+
 // Runs a c10d call and waits for it, turning exceptions (timeouts, peers gone) into a Status.
 template <typename Fn>
 absl::Status RunWork(const char* what, Fn fn) {
@@ -13,9 +17,31 @@ absl::Status RunWork(const char* what, Fn fn) {
     work->wait();
     return absl::OkStatus();
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("gloo ", what, " failed: ", e.what()));
+    return WorkError(what, e);
   }
 }
+
+// A started c10d collective, or the error that kept it from starting.
+class GlooWork : public CollectiveWork {
+ public:
+  GlooWork(c10::intrusive_ptr<c10d::Work> work, absl::Status start)
+      : work_(std::move(work)), status_(std::move(start)) {}
+  absl::Status Wait() override {
+    if (work_ && status_.ok()) {
+      try {
+        work_->wait();
+      } catch (const std::exception& e) {
+        status_ = WorkError("allreduce", e);
+      }
+      work_.reset();
+    }
+    return status_;
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  absl::Status status_;
+};
 
 // One contiguous buffer per call: a single collective instead of one per parameter.
 torch::Tensor Flatten(const std::vector<torch::Tensor>& tensors) {
@@ -61,6 +87,18 @@ absl::Status GlooCollective::AllReduceSum(const std::vector<torch::Tensor>& tens
   absl::Status s = RunWork("allreduce", [&] { return group_->allreduce(buffer); });
   if (s.ok()) Unflatten(buffer[0], tensors);
   return s;
+}
+
+std::unique_ptr<CollectiveWork> GlooCollective::StartAllReduceSum(torch::Tensor flat) {
+  if (world_size_ == 1 || flat.numel() == 0) {
+    return std::make_unique<GlooWork>(c10::intrusive_ptr<c10d::Work>(), absl::OkStatus());
+  }
+  try {
+    std::vector<torch::Tensor> tensors = {std::move(flat)};
+    return std::make_unique<GlooWork>(group_->allreduce(tensors), absl::OkStatus());
+  } catch (const std::exception& e) {
+    return std::make_unique<GlooWork>(c10::intrusive_ptr<c10d::Work>(), WorkError("allreduce", e));
+  }
 }
 
 absl::Status GlooCollective::Broadcast(const std::vector<torch::Tensor>& tensors, int root) {
