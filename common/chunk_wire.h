@@ -25,6 +25,10 @@ namespace flashdraft {
 // Field number of CoordinatorMessage.tensor_chunk; 0 means "a bare TensorChunk".
 inline constexpr int kCoordinatorMessageChunkField = 4;
 
+// FetchTensors sends the drafter's starting weights under this prefix + their parameter names, the
+// frozen target tensors under their own names.
+inline constexpr char kDrafterWeightPrefix[] = "drafter.";
+
 // One chunk: `header` (everything but data; its crc32c is computed here unless `crc` gives it)
 // plus `len` bytes at `data`, which are not copied. `owner` keeps them alive while gRPC holds the
 // slice; pass nullptr only for memory that outlives the server (the coordinator's mapped target

@@ -4,12 +4,14 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/chunk_wire.h"
@@ -98,14 +100,12 @@ class TrainSession
   int rank_ = -1;
 };
 
-// FetchTensors: the frozen target tensors as chunks, one write in flight, each chunk encoded right
-// before its write as a slice of the mapped target file (no copy).
+// FetchTensors: tensors of mapped safetensors files (the frozen target tensors, the drafter's
+// starting weights) as chunks, one write in flight, each chunk encoded right before its write as a
+// slice of the mapped file (no copy).
 class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  FetchReactor(std::shared_ptr<const SafetensorsModel> target, std::vector<std::string> names)
-      : target_(std::move(target)), names_(std::move(names)) {
-    Next();
-  }
+  explicit FetchReactor(std::vector<FetchEntry> entries) : entries_(std::move(entries)) { Next(); }
   void OnWriteDone(bool ok) override {
     if (!ok) {
       Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
@@ -126,16 +126,17 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         buffer_ =
             EncodeChunkBuffer(header_, view_.data + offset,
                               std::min<uint64_t>(kDefaultMaxChunkBytes, view_.nbytes - offset),
-                              target_, /*wrapper_field=*/0);
+                              entries_[tensor_].file, /*wrapper_field=*/0);
         StartWrite(&buffer_);
         return;
       }
       ++tensor_;
-      if (tensor_ >= static_cast<int>(names_.size())) {
+      if (tensor_ >= static_cast<int>(entries_.size())) {
         Finish(grpc::Status::OK);
         return;
       }
-      absl::StatusOr<TensorView> view = target_->Get(names_[tensor_]);
+      const FetchEntry& entry = entries_[tensor_];
+      absl::StatusOr<TensorView> view = entry.file->Get(entry.name);
       if (!view.ok()) {
         Finish(ToGrpcStatus(view.status()));
         return;
@@ -143,7 +144,7 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       view_ = *view;
       header_.Clear();
       absl::StatusOr<uint32_t> chunks =
-          StartChunkHeader({names_[tensor_], view_.dtype, view_.shape}, view_.nbytes,
+          StartChunkHeader({entry.wire_name, view_.dtype, view_.shape}, view_.nbytes,
                            kDefaultMaxChunkBytes, header_);
       if (!chunks.ok()) {
         Finish(ToGrpcStatus(chunks.status()));
@@ -153,8 +154,7 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
   }
 
-  std::shared_ptr<const SafetensorsModel> target_;
-  std::vector<std::string> names_;
+  std::vector<FetchEntry> entries_;
   int tensor_ = -1;
   TensorView view_;
   v1::TensorChunk header_;
@@ -199,9 +199,10 @@ class CoordinatorServiceImpl
     if (!c_->ValidToken(request.session_token())) {
       return new Refuse(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown session token"));
     }
-    std::vector<std::string> names(request.names().begin(), request.names().end());
-    if (names.empty()) names = c_->FrozenTensorNames();
-    return new FetchReactor(c_->target_owner(), std::move(names));
+    absl::StatusOr<std::vector<FetchEntry>> entries =
+        c_->ResolveFetch({request.names().begin(), request.names().end()});
+    if (!entries.ok()) return new Refuse(ToGrpcStatus(entries.status()));
+    return new FetchReactor(*std::move(entries));
   }
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest*,
@@ -284,8 +285,11 @@ absl::StatusOr<SourceBundle> Coordinator::OpenShardSource(const JobConfig& j) {
   return b;
 }
 
-absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(JobConfig job,
-                                                                 const SourceFactory& open_source) {
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
+    JobConfig job, const WeightsFactory& initial_weights, const SourceFactory& open_source) {
+  if (!initial_weights) {
+    return absl::InvalidArgumentError("Coordinator::Create needs a drafter weight initializer");
+  }
   std::unique_ptr<Coordinator> c(new Coordinator());
   c->job_ = std::move(job);
   const JobConfig& j = c->job_;
@@ -323,6 +327,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(JobConfig job,
   c->warmup_steps_ = static_cast<int64_t>(std::llround(j.train.warmup_ratio * c->total_steps_));
   std::error_code ec;
   std::filesystem::create_directories(j.output_dir, ec);
+  FD_ASSIGN_OR_RETURN(const std::string weights_path, initial_weights(j, dc));
+  FD_ASSIGN_OR_RETURN(c->initial_weights_, SafetensorsModel::Open(weights_path));
   c->steps_file_.open(j.output_dir + "/steps.jsonl", std::ios::trunc);
   if (!c->steps_file_) {
     return absl::InternalError(absl::StrCat("cannot write ", j.output_dir, "/steps.jsonl"));
@@ -348,10 +354,31 @@ absl::Status Coordinator::Start() {
   return absl::OkStatus();
 }
 
-std::vector<std::string> Coordinator::FrozenTensorNames() const {
-  std::vector<std::string> names = {"embed_tokens.weight"};
-  if (target_->Contains("lm_head.weight")) names.push_back("lm_head.weight");
-  return names;
+absl::StatusOr<std::vector<FetchEntry>> Coordinator::ResolveFetch(
+    const std::vector<std::string>& names) const {
+  std::vector<FetchEntry> out;
+  if (names.empty()) {
+    out.push_back({target_, "embed_tokens.weight", "embed_tokens.weight"});
+    if (target_->Contains("lm_head.weight")) {
+      out.push_back({target_, "lm_head.weight", "lm_head.weight"});
+    }
+    for (const std::string& name : initial_weights_->names()) {
+      out.push_back({initial_weights_, name, kDrafterWeightPrefix + name});
+    }
+    return out;
+  }
+  for (const std::string& wire_name : names) {
+    const bool weight = absl::StartsWith(wire_name, kDrafterWeightPrefix);
+    const std::shared_ptr<const SafetensorsModel>& file = weight ? initial_weights_ : target_;
+    const std::string name =
+        weight ? wire_name.substr(std::strlen(kDrafterWeightPrefix)) : wire_name;
+    if (!file->Contains(name)) {
+      return absl::NotFoundError(absl::StrCat("FetchTensors: no tensor '", wire_name, "' (",
+                                              file->path(), " has none named '", name, "')"));
+    }
+    out.push_back({file, name, wire_name});
+  }
+  return out;
 }
 
 void Coordinator::Join(const v1::JoinRequest& request, v1::JoinReply* reply) {

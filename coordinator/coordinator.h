@@ -29,6 +29,13 @@ namespace flashdraft {
 
 class TrainSession;
 
+// One tensor FetchTensors streams: `name` in `file`, sent as `wire_name`.
+struct FetchEntry {
+  std::shared_ptr<const SafetensorsModel> file;
+  std::string name;
+  std::string wire_name;
+};
+
 // Per-step aggregate written to steps.jsonl.
 struct StepRecord {
   uint64_t step = 0;
@@ -55,7 +62,14 @@ class Coordinator {
   // coordinator binary passes one that also runs a target online (coordinator/sources/
   // target_source.h), which keeps this library free of LibTorch.
   using SourceFactory = std::function<absl::StatusOr<SourceBundle>(const JobConfig&)>;
+  // Writes the drafter's starting weights for the job's drafter (F32, under its parameter names)
+  // and returns the file's path; workers fetch them with FetchTensors as kDrafterWeightPrefix +
+  // name, so every rank starts from the same bytes. The binary's initializes them from train.seed
+  // (coordinator/initial_weights.h); resuming will hand over a checkpoint's instead.
+  using WeightsFactory =
+      std::function<absl::StatusOr<std::string>(const JobConfig&, const DrafterModelConfig&)>;
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(JobConfig job,
+                                                             const WeightsFactory& initial_weights,
                                                              const SourceFactory& open_source = {});
   // data.source 'shards' (the default factory).
   static absl::StatusOr<SourceBundle> OpenShardSource(const JobConfig& job);
@@ -87,8 +101,9 @@ class Coordinator {
   RendezvousStore& store() { return store_; }
   const SafetensorsModel& target() const { return *target_; }
   // Shared with gRPC slices that point into the mapped file while they are in flight.
-  std::shared_ptr<const SafetensorsModel> target_owner() const { return target_; }
-  std::vector<std::string> FrozenTensorNames() const;
+  // What FetchTensors streams for `names` (empty: everything a worker starts from), or the error
+  // naming a tensor the coordinator does not have.
+  absl::StatusOr<std::vector<FetchEntry>> ResolveFetch(const std::vector<std::string>& names) const;
   void FillStatus(v1::StatusReply* reply) const;
 
   std::string job_yaml() const { return JobConfigToYaml(job_); }
@@ -106,6 +121,7 @@ class Coordinator {
   DrafterModelConfig drafter_config_;
   std::unique_ptr<HiddenStateSource> source_;
   std::shared_ptr<const SafetensorsModel> target_;
+  std::shared_ptr<const SafetensorsModel> initial_weights_;
   std::unique_ptr<Scheduler> scheduler_;
   double gamma_ = 7.0;
   int world_size_ = 1;

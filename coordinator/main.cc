@@ -11,6 +11,7 @@
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/initial_weights.h"
 #include "coordinator/sources/target_source.h"
 
 namespace {
@@ -57,7 +58,8 @@ int main(int argc, char** argv) {
     if (!s.ok()) return Fail(s);
   }
   auto coordinator = flashdraft::Coordinator::Create(
-      *job, [](const flashdraft::JobConfig& j) -> absl::StatusOr<flashdraft::SourceBundle> {
+      *job, flashdraft::WriteInitialWeights,
+      [](const flashdraft::JobConfig& j) -> absl::StatusOr<flashdraft::SourceBundle> {
         if (j.data.source == "target") return flashdraft::OpenTargetSource(j);
         return flashdraft::Coordinator::OpenShardSource(j);
       });

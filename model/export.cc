@@ -27,4 +27,18 @@ absl::Status ExportDrafter(DrafterImpl& drafter, const std::string& dir) {
   return WriteFileAtomically(dir + "/config.json", DrafterConfigToJson(drafter.config()));
 }
 
+absl::Status WriteDrafterWeightsF32(DrafterImpl& drafter, const std::string& path) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> keep_alive;
+  SafetensorsWriter writer;
+  writer.SetMetadata("format", "pt");
+  for (const auto& item : drafter.named_parameters()) {
+    torch::Tensor t = item.value().detach().to(torch::kFloat32).contiguous();
+    keep_alive.push_back(t);
+    FD_RETURN_IF_ERROR(
+        writer.Add(item.key(), DType::kF32, t.sizes().vec(), t.data_ptr(), t.nbytes()));
+  }
+  return writer.Write(path);
+}
+
 }  // namespace flashdraft

@@ -13,4 +13,8 @@ namespace flashdraft {
 
 absl::Status ExportDrafter(DrafterImpl& drafter, const std::string& dir);
 
+// The trainable parameters as they are (F32) under their parameter names, one safetensors file
+// written atomically: the weights training starts from (coordinator/initial_weights.h).
+absl::Status WriteDrafterWeightsF32(DrafterImpl& drafter, const std::string& path);
+
 }  // namespace flashdraft

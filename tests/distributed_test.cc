@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/safetensors.h"
+#include "common/tensor_codec.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
 #include "tests/support/test_util.h"
 
@@ -187,7 +188,9 @@ TEST_F(DistributedTest, JoinRefusesOtherProtocolVersionsAndModelShapes) {
   old.set_worker_id("old");
   v1::JoinReply r = join(old);
   EXPECT_FALSE(r.accepted());
-  EXPECT_THAT(r.reason(), HasSubstr("protocol version 99 is not this coordinator's version 1"));
+  EXPECT_THAT(r.reason(), HasSubstr(absl::StrCat("protocol version 99 is not this coordinator's "
+                                                 "version ",
+                                                 static_cast<int>(v1::PROTOCOL_VERSION_CURRENT))));
 
   v1::JoinRequest shaped;
   shaped.set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
@@ -211,6 +214,61 @@ TEST_F(DistributedTest, JoinRefusesOtherProtocolVersionsAndModelShapes) {
 
   // Stopped before any worker joined: a clean, non-zero exit.
   EXPECT_EQ(coordinator.Terminate(), 1);
+}
+
+// FetchTensors gives a joined worker the frozen target tensors and the drafter's starting weights
+// (the file the coordinator wrote, byte for byte, as "drafter." + name); unknown names are refused.
+TEST_F(DistributedTest, FetchTensorsServesFrozenTensorsAndStartingWeights) {
+  CoordinatorProcess coordinator(dir_->Join("job.yaml"));
+  ASSERT_GT(coordinator.port(), 0);
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", coordinator.port()), grpc::InsecureChannelCredentials()));
+  v1::JoinRequest join;
+  join.set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  join.set_worker_id("fetcher");
+  v1::JoinReply joined;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Join(&ctx, join, &joined).ok());
+  }
+  ASSERT_TRUE(joined.accepted()) << joined.reason();
+  auto fetch = [&](const std::vector<std::string>& names, std::vector<v1::TensorChunk>* chunks) {
+    grpc::ClientContext ctx;
+    v1::FetchTensorsRequest request;
+    request.set_session_token(joined.session_token());
+    for (const auto& n : names) request.add_names(n);
+    auto reader = stub->FetchTensors(&ctx, request);
+    v1::TensorChunk chunk;
+    while (reader->Read(&chunk)) chunks->push_back(chunk);
+    return reader->Finish();
+  };
+  std::vector<v1::TensorChunk> chunks;
+  ASSERT_TRUE(fetch({}, &chunks).ok());
+  std::vector<const v1::TensorChunk*> pointers;
+  for (const auto& c : chunks) pointers.push_back(&c);
+  auto tensors = DecodeTensors(pointers);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  auto weights = SafetensorsModel::Open(dir_->Join("run/initial_weights.safetensors"));
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  std::vector<std::string> want = {"embed_tokens.weight", "lm_head.weight"};
+  for (const auto& name : (*weights)->names()) want.push_back("drafter." + name);
+  std::vector<std::string> got;
+  for (const auto& t : *tensors) {
+    got.push_back(t.spec.name);
+    if (t.spec.name.rfind("drafter.", 0) != 0) continue;
+    auto view = (*weights)->Get(t.spec.name.substr(8));
+    ASSERT_TRUE(view.ok());
+    EXPECT_EQ(t.spec.dtype, DType::kF32);
+    EXPECT_EQ(t.bytes, std::vector<uint8_t>(view->data, view->data + view->nbytes)) << t.spec.name;
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_GE(want.size(), 6u);  // fc, norms and the layer's projections at least
+
+  chunks.clear();
+  grpc::Status missing = fetch({"drafter.layers.9.nope"}, &chunks);
+  EXPECT_EQ(missing.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(missing.error_message(), HasSubstr("no tensor 'drafter.layers.9.nope'"));
+  EXPECT_NE(coordinator.Terminate(), 0);
 }
 
 TEST(LaunchTest, BadInputFailsClearly) {

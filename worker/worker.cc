@@ -5,15 +5,18 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/blocking_queue.h"
 #include "common/chunk_wire.h"
+#include "common/dtype.h"
 #include "common/grpc_status.h"
 #include "common/job_config.h"
 #include "common/status_macros.h"
@@ -61,7 +64,7 @@ std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, grpc::ByteBuffer>> O
           channel.get(), method, ctx));
 }
 
-absl::StatusOr<std::map<std::string, torch::Tensor>> FetchFrozen(
+absl::StatusOr<std::map<std::string, torch::Tensor>> FetchTensors(
     const std::shared_ptr<grpc::Channel>& channel, const std::string& token) {
   grpc::ClientContext ctx;
   v1::FetchTensorsRequest request;
@@ -91,6 +94,44 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> FetchFrozen(
   FD_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
   if (assembler.started()) return absl::DataLossError("FetchTensors ended inside a tensor");
   return out;
+}
+
+// Sets the drafter's frozen tensors and its starting weights from what FetchTensors sent: every
+// parameter must come, with its shape, and nothing else under the weight prefix.
+absl::Status LoadFetchedModel(DrafterImpl& drafter, std::map<std::string, torch::Tensor>& fetched) {
+  auto embed = fetched.find("embed_tokens.weight");
+  if (embed == fetched.end())
+    return absl::DataLossError("the coordinator sent no embed_tokens.weight");
+  auto head = fetched.find("lm_head.weight");
+  drafter.SetFrozen(embed->second, head != fetched.end() ? head->second : embed->second);
+  torch::NoGradGuard no_grad;
+  size_t loaded = 0;
+  for (auto& item : drafter.named_parameters()) {
+    const std::string name = kDrafterWeightPrefix + item.key();
+    auto it = fetched.find(name);
+    if (it == fetched.end()) {
+      return absl::DataLossError(
+          absl::StrCat("the coordinator sent no starting weight '", name, "'"));
+    }
+    if (!it->second.sizes().equals(item.value().sizes())) {
+      return absl::DataLossError(absl::StrCat("the coordinator's starting weight '", name,
+                                              "' has shape ", ShapeString(it->second.sizes().vec()),
+                                              ", the drafter's parameter ",
+                                              ShapeString(item.value().sizes().vec())));
+    }
+    item.value().copy_(it->second);
+    ++loaded;
+  }
+  for (const auto& [name, tensor] : fetched) {
+    if (absl::StartsWith(name, kDrafterWeightPrefix) &&
+        !drafter.named_parameters().contains(name.substr(std::strlen(kDrafterWeightPrefix)))) {
+      return absl::DataLossError(
+          absl::StrCat("the coordinator sent a starting weight '", name,
+                       "' that the drafter does not have (another drafter shape?)"));
+    }
+  }
+  if (loaded == 0) return absl::DataLossError("the coordinator sent no starting weights");
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -150,21 +191,11 @@ absl::Status RunWorker(const WorkerOptions& o) {
   FD_ASSIGN_OR_RETURN(std::unique_ptr<GlooCollective> collective,
                       GlooCollective::Create(prefixed, rank, world, gloo));
 
-  // --- Model: frozen target tensors from the coordinator, weights from rank 0 ---
-  FD_ASSIGN_OR_RETURN(auto frozen, FetchFrozen(channel, token));
-  if (!frozen.count("embed_tokens.weight")) {
-    return absl::DataLossError("the coordinator sent no embed_tokens.weight");
-  }
+  // --- Model: frozen target tensors and the starting weights, both from the coordinator ---
+  FD_ASSIGN_OR_RETURN(auto fetched, FetchTensors(channel, token));
   Drafter drafter(config);
-  drafter->InitWeights(job.train.seed);
-  drafter->SetFrozen(frozen["embed_tokens.weight"], frozen.count("lm_head.weight")
-                                                        ? frozen["lm_head.weight"]
-                                                        : frozen["embed_tokens.weight"]);
+  FD_RETURN_IF_ERROR(LoadFetchedModel(*drafter, fetched));
   std::vector<torch::Tensor> params = drafter->parameters();
-  {
-    torch::NoGradGuard no_grad;
-    FD_RETURN_IF_ERROR(collective->Broadcast(params, 0));
-  }
   OptimizerOptions opt;
   opt.learning_rate = job.train.learning_rate;
   opt.beta1 = job.train.adam_beta1;

@@ -25,13 +25,9 @@ class Collective {
   virtual ~Collective() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  // Sums `tensors` across ranks in place (one flattened bucket per dtype).
-  virtual absl::Status AllReduceSum(const std::vector<torch::Tensor>& tensors) = 0;
   // Starts summing one contiguous tensor across ranks in place and returns at once; the tensor must
   // stay alive and untouched until Wait() returns. Every rank must start the same sequence.
   virtual std::unique_ptr<CollectiveWork> StartAllReduceSum(torch::Tensor flat) = 0;
-  // Overwrites `tensors` on every rank with root's values.
-  virtual absl::Status Broadcast(const std::vector<torch::Tensor>& tensors, int root) = 0;
   virtual absl::Status Barrier() = 0;
 };
 

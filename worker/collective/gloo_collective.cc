@@ -43,23 +43,6 @@ class GlooWork : public CollectiveWork {
   absl::Status status_;
 };
 
-// One contiguous buffer per call: a single collective instead of one per parameter.
-torch::Tensor Flatten(const std::vector<torch::Tensor>& tensors) {
-  std::vector<torch::Tensor> flat;
-  flat.reserve(tensors.size());
-  for (const auto& t : tensors) flat.push_back(t.reshape(-1));
-  return torch::cat(flat);
-}
-
-void Unflatten(const torch::Tensor& buffer, const std::vector<torch::Tensor>& tensors) {
-  int64_t offset = 0;
-  for (const auto& t : tensors) {
-    const int64_t n = t.numel();
-    t.copy_(buffer.narrow(0, offset, n).view_as(t));
-    offset += n;
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(
@@ -81,14 +64,6 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(
   return c;
 }
 
-absl::Status GlooCollective::AllReduceSum(const std::vector<torch::Tensor>& tensors) {
-  if (tensors.empty() || world_size_ == 1) return absl::OkStatus();
-  std::vector<torch::Tensor> buffer = {Flatten(tensors)};
-  absl::Status s = RunWork("allreduce", [&] { return group_->allreduce(buffer); });
-  if (s.ok()) Unflatten(buffer[0], tensors);
-  return s;
-}
-
 std::unique_ptr<CollectiveWork> GlooCollective::StartAllReduceSum(torch::Tensor flat) {
   if (world_size_ == 1 || flat.numel() == 0) {
     return std::make_unique<GlooWork>(c10::intrusive_ptr<c10d::Work>(), absl::OkStatus());
@@ -99,16 +74,6 @@ std::unique_ptr<CollectiveWork> GlooCollective::StartAllReduceSum(torch::Tensor 
   } catch (const std::exception& e) {
     return std::make_unique<GlooWork>(c10::intrusive_ptr<c10d::Work>(), WorkError("allreduce", e));
   }
-}
-
-absl::Status GlooCollective::Broadcast(const std::vector<torch::Tensor>& tensors, int root) {
-  if (tensors.empty() || world_size_ == 1) return absl::OkStatus();
-  std::vector<torch::Tensor> buffer = {Flatten(tensors)};
-  c10d::BroadcastOptions opts;
-  opts.rootRank = root;
-  absl::Status s = RunWork("broadcast", [&] { return group_->broadcast(buffer, opts); });
-  if (s.ok()) Unflatten(buffer[0], tensors);
-  return s;
 }
 
 absl::Status GlooCollective::Barrier() {

@@ -23,9 +23,7 @@ class GlooCollective : public Collective {
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
-  absl::Status AllReduceSum(const std::vector<torch::Tensor>& tensors) override;
   std::unique_ptr<CollectiveWork> StartAllReduceSum(torch::Tensor flat) override;
-  absl::Status Broadcast(const std::vector<torch::Tensor>& tensors, int root) override;
   absl::Status Barrier() override;
 
  private:
