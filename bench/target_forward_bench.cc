@@ -28,14 +28,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
     return 1;
   }
-  const torch::Tensor ids = torch::randint(0, (*model)->config().vocab_size, {batch, seq}, torch::kInt64);
+  const torch::Tensor ids =
+      torch::randint(0, (*model)->config().vocab_size, {batch, seq}, torch::kInt64);
   auto run = [&] { return (*model)->Forward(ids, {1, 3, 5}, true).ok(); };
   run();
   double best = 1e9;
   for (int64_t r = 0; r < repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     if (!run()) return 1;
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::printf("cpp tokens_per_s=%.0f\n", batch * seq / best);
   return 0;
