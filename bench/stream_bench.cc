@@ -25,6 +25,7 @@
 #include "common/blocking_queue.h"
 #include "common/chunk_wire.h"
 #include "common/malloc_tuning.h"
+#include "common/queued_writer.h"
 #include "common/tensor_codec.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
 
@@ -97,26 +98,10 @@ class ZeroCopyService : public flashdraft::v1::Coordinator::WithRawCallbackMetho
       : bytes_(bytes), crcs_(std::move(crcs)) {}
   grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchTensors(grpc::CallbackServerContext*,
                                                            const grpc::ByteBuffer*) override {
-    // As the coordinator's run loop: the step's messages are encoded before they are queued, and
-    // the reactor keeps one write in flight.
-    class Writer : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
-     public:
-      explicit Writer(std::vector<grpc::ByteBuffer> buffers) : buffers_(std::move(buffers)) {
-        Next();
-      }
-      void OnWriteDone(bool ok) override {
-        if (!ok) return Finish(grpc::Status::CANCELLED);
-        Next();
-      }
+    // As the coordinator's Train session: the step's messages are encoded, then queued on a
+    // QueuedWriter that keeps one write in flight.
+    class Writer : public flashdraft::QueuedWriter<grpc::ServerWriteReactor<grpc::ByteBuffer>> {
       void OnDone() override { delete this; }
-
-     private:
-      void Next() {
-        if (index_ == buffers_.size()) return Finish(grpc::Status::OK);
-        StartWrite(&buffers_[index_++]);
-      }
-      std::vector<grpc::ByteBuffer> buffers_;
-      size_t index_ = 0;
     };
     std::vector<grpc::ByteBuffer> buffers;
     const absl::Status s = flashdraft::EncodeTensorBuffers(
@@ -124,7 +109,10 @@ class ZeroCopyService : public flashdraft::v1::Coordinator::WithRawCallbackMetho
         bytes_.data(), bytes_.size(), flashdraft::kDefaultMaxChunkBytes, nullptr, 0, &buffers,
         crcs_);
     if (!s.ok()) std::abort();
-    return new Writer(std::move(buffers));
+    auto* writer = new Writer();
+    for (grpc::ByteBuffer& b : buffers) writer->Send(std::move(b));
+    writer->FinishAfterWrites(grpc::Status::OK);
+    return writer;
   }
 
  private:
