@@ -22,7 +22,6 @@
 #include <random>
 #include <thread>
 
-#include "common/blocking_queue.h"
 #include "common/chunk_wire.h"
 #include "common/malloc_tuning.h"
 #include "common/queued_writer.h"
@@ -90,7 +89,7 @@ class StreamService : public flashdraft::v1::Coordinator::CallbackService {
 // The production path (coordinator/coordinator.cc's Train stream): the same messages on the wire,
 // built by EncodeTensorBuffers (header serialized, data handed to gRPC as a slice of the source
 // buffer) with the chunk CRCs that ChunkCrcWriter computed while the coordinator packed the batch,
-// read on the worker's threads: one receives, one parses and assembles.
+// read as the worker reads them: the receiving thread parses and assembles each chunk.
 class ZeroCopyService : public flashdraft::v1::Coordinator::WithRawCallbackMethod_FetchTensors<
                             flashdraft::v1::Coordinator::CallbackService> {
  public:
@@ -136,20 +135,14 @@ double ZeroCopySeconds(const std::shared_ptr<grpc::Channel>& channel, std::vecto
                                                                     request));
   flashdraft::TensorAssembler assembler(
       [&](const flashdraft::TensorSpec&, uint64_t) -> absl::StatusOr<void*> { return dst.data(); });
-  // As in the worker: this thread only receives, a decoder thread parses and assembles.
-  flashdraft::BlockingQueue<grpc::ByteBuffer> received(64);
-  std::thread decoder([&] {
-    flashdraft::ReceivedChunk chunk;
-    while (std::optional<grpc::ByteBuffer> buffer = received.Pop()) {
-      if (!flashdraft::ParseChunkBuffer(*buffer, 0, &chunk)) Fail("not a chunk");
-      absl::Status s = assembler.Add(chunk.header, chunk.data);
-      if (!s.ok()) Fail(std::string(s.message()));
-    }
-  });
+  // As in the worker: the receiving thread parses each chunk and assembles it as it arrives.
   grpc::ByteBuffer buffer;
-  while (reader->Read(&buffer)) received.Push(std::move(buffer));
-  received.Close();
-  decoder.join();
+  flashdraft::ReceivedChunk chunk;
+  while (reader->Read(&buffer)) {
+    if (!flashdraft::ParseChunkBuffer(buffer, 0, &chunk)) Fail("not a chunk");
+    absl::Status s = assembler.Add(chunk.header, chunk.data);
+    if (!s.ok()) Fail(std::string(s.message()));
+  }
   if (!reader->Finish().ok() || !assembler.complete()) Fail("stream failed");
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
