@@ -163,6 +163,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   launch->add_option("--out", launch_options.out_dir, "output directory (overrides output_dir)");
   launch->add_option("--set", launch_options.overrides, "override a field: section.field=value");
+  bool resume = false;
+  launch->add_flag("--resume", resume,
+                   "start from the newest checkpoint when there is one (checkpoint.resume=true)");
   launch->add_option("--threads", launch_options.threads_per_worker, "intra-op threads per worker")
       ->capture_default_str();
 
@@ -257,7 +260,10 @@ int main(int argc, char** argv) {
     std::printf("wrote %s\n", step_files.out.c_str());
     return 0;
   }
-  if (launch->parsed()) return flashdraft::Launch(launch_options);
+  if (launch->parsed()) {
+    if (resume) launch_options.overrides.push_back("checkpoint.resume=true");
+    return flashdraft::Launch(launch_options);
+  }
   if (status->parsed()) return flashdraft::PrintStatus(status_address);
   if (prepare->parsed()) {
     if (absl::Status s = flashdraft::ParseLayerIds(prepare_layers, prepare_options.layer_ids);

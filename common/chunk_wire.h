@@ -28,6 +28,9 @@ inline constexpr int kCoordinatorMessageChunkField = 4;
 // FetchTensors sends the drafter's starting weights under this prefix + their parameter names, the
 // frozen target tensors under their own names.
 inline constexpr char kDrafterWeightPrefix[] = "drafter.";
+// ... and, when resuming from a checkpoint, the AdamW state under this prefix: <name>.exp_avg,
+// <name>.exp_avg_sq and "step" (I64 [1]).
+inline constexpr char kOptimizerStatePrefix[] = "adamw.";
 
 // One chunk: `header` (everything but data; its crc32c is computed here unless `crc` gives it)
 // plus `len` bytes at `data`, which are not copied. `owner` keeps them alive while gRPC holds the

@@ -213,6 +213,7 @@ const std::vector<Field>& Fields() {
       FD_FIELD(checkpoint, dir, std::string),
       FD_FIELD(checkpoint, every_steps, int, AtLeast(0)),
       FD_FIELD(checkpoint, keep_last, int, AtLeast(1)),
+      FD_FIELD(checkpoint, resume, bool),
 
       FD_FIELD(metrics, enabled, bool),
       FD_FIELD(metrics, listen, std::string),

@@ -84,9 +84,12 @@ struct ClusterConfig {
 };
 
 struct CheckpointConfig {
-  std::string dir;  // empty: <output_dir>/checkpoints
-  int every_steps = 500;
+  std::string dir;        // empty: <output_dir>/checkpoints
+  int every_steps = 500;  // 0: never; otherwise also after the last step
   int keep_last = 3;
+  // Start from the newest checkpoint in `dir` when there is one (the step after it, its weights and
+  // optimizer state); a fresh start otherwise.
+  bool resume = false;
 };
 
 struct MetricsConfig {

@@ -14,7 +14,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/chunk_wire.h"
+#include "common/file_util.h"
 #include "common/grpc_status.h"
 #include "common/queued_writer.h"
 #include "common/status_macros.h"
@@ -81,6 +83,12 @@ class TrainSession
         break;
       case v1::WorkerMessage::kError:
         coordinator_->OnWorkerError(rank_, in_.error());
+        break;
+      case v1::WorkerMessage::kCheckpoint:
+        coordinator_->OnCheckpointUpload(rank_, in_.checkpoint());
+        break;
+      case v1::WorkerMessage::kTensorChunk:
+        coordinator_->OnCheckpointChunk(rank_, in_.tensor_chunk());
         break;
       default:
         break;
@@ -327,9 +335,18 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   c->warmup_steps_ = static_cast<int64_t>(std::llround(j.train.warmup_ratio * c->total_steps_));
   std::error_code ec;
   std::filesystem::create_directories(j.output_dir, ec);
-  FD_ASSIGN_OR_RETURN(const std::string weights_path, initial_weights(j, dc));
-  FD_ASSIGN_OR_RETURN(c->initial_weights_, SafetensorsModel::Open(weights_path));
-  c->steps_file_.open(j.output_dir + "/steps.jsonl", std::ios::trunc);
+  c->checkpoints_ = std::make_unique<CheckpointStore>(
+      j.checkpoint.dir.empty() ? j.output_dir + "/checkpoints" : j.checkpoint.dir,
+      j.checkpoint.keep_last);
+  bool resumed = false;
+  if (j.checkpoint.resume) {
+    FD_ASSIGN_OR_RETURN(resumed, c->Resume());
+  }
+  if (!resumed) {
+    FD_ASSIGN_OR_RETURN(const std::string weights_path, initial_weights(j, dc));
+    FD_ASSIGN_OR_RETURN(c->initial_weights_, SafetensorsModel::Open(weights_path));
+  }
+  c->steps_file_.open(j.output_dir + "/steps.jsonl", resumed ? std::ios::app : std::ios::trunc);
   if (!c->steps_file_) {
     return absl::InternalError(absl::StrCat("cannot write ", j.output_dir, "/steps.jsonl"));
   }
@@ -354,6 +371,39 @@ absl::Status Coordinator::Start() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> Coordinator::Resume() {
+  FD_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> latest, checkpoints_->Latest());
+  if (!latest) {
+    LOG(INFO) << "checkpoint.resume: no checkpoint in " << checkpoints_->root()
+              << "; starting from step 0";
+    return false;
+  }
+  if (static_cast<int64_t>(latest->completed_steps) > total_steps_) {
+    return absl::InvalidArgumentError(absl::StrCat(latest->dir, " holds ", latest->completed_steps,
+                                                   " completed steps, more than this job's ",
+                                                   total_steps_));
+  }
+  FD_ASSIGN_OR_RETURN(initial_weights_, SafetensorsModel::Open(latest->model_path));
+  FD_ASSIGN_OR_RETURN(optimizer_state_, SafetensorsModel::Open(latest->optimizer_path));
+  start_step_ = static_cast<int64_t>(latest->completed_steps);
+  // steps.jsonl keeps the records of the steps the checkpoint holds; later ones are trained again.
+  const std::string steps_path = job_.output_dir + "/steps.jsonl";
+  std::string kept;
+  if (absl::StatusOr<std::string> text = ReadFile(steps_path); text.ok()) {
+    for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
+      const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+      if (record.is_object() && record.contains("step") && record["step"].is_number_unsigned() &&
+          record["step"].get<int64_t>() < start_step_) {
+        absl::StrAppend(&kept, line, "\n");
+      }
+    }
+  }
+  FD_RETURN_IF_ERROR(WriteFileAtomically(steps_path, kept));
+  LOG(INFO) << "resuming from " << latest->dir << ": step " << start_step_ << " of "
+            << total_steps_;
+  return true;
+}
+
 absl::StatusOr<std::vector<FetchEntry>> Coordinator::ResolveFetch(
     const std::vector<std::string>& names) const {
   std::vector<FetchEntry> out;
@@ -365,13 +415,29 @@ absl::StatusOr<std::vector<FetchEntry>> Coordinator::ResolveFetch(
     for (const std::string& name : initial_weights_->names()) {
       out.push_back({initial_weights_, name, kDrafterWeightPrefix + name});
     }
+    if (optimizer_state_) {
+      for (const std::string& name : optimizer_state_->names()) {
+        out.push_back({optimizer_state_, name, kOptimizerStatePrefix + name});
+      }
+    }
     return out;
   }
   for (const std::string& wire_name : names) {
-    const bool weight = absl::StartsWith(wire_name, kDrafterWeightPrefix);
-    const std::shared_ptr<const SafetensorsModel>& file = weight ? initial_weights_ : target_;
-    const std::string name =
-        weight ? wire_name.substr(std::strlen(kDrafterWeightPrefix)) : wire_name;
+    std::shared_ptr<const SafetensorsModel> file = target_;
+    std::string name = wire_name;
+    for (const auto& [prefix, prefixed] :
+         {std::pair<absl::string_view, const std::shared_ptr<const SafetensorsModel>*>{
+              kDrafterWeightPrefix, &initial_weights_},
+          {kOptimizerStatePrefix, &optimizer_state_}}) {
+      if (absl::StartsWith(wire_name, prefix)) {
+        file = *prefixed;
+        name = wire_name.substr(prefix.size());
+      }
+    }
+    if (!file) {
+      return absl::NotFoundError(absl::StrCat("FetchTensors: no tensor '", wire_name,
+                                              "' (this job did not resume from a checkpoint)"));
+    }
     if (!file->Contains(name)) {
       return absl::NotFoundError(absl::StrCat("FetchTensors: no tensor '", wire_name, "' (",
                                               file->path(), " has none named '", name, "')"));
@@ -485,6 +551,67 @@ void Coordinator::OnWorkerError(int rank, const std::string& error) {
     failure_ = absl::InternalError(absl::StrCat("worker rank ", rank, " failed: ", error));
   }
   cv_.notify_all();
+}
+
+void Coordinator::FailUploadLocked(std::string why) {
+  upload_ = Upload();
+  if (failure_.ok()) failure_ = absl::DataLossError(absl::StrCat("checkpoint upload: ", why));
+  cv_.notify_all();
+}
+
+void Coordinator::OnCheckpointUpload(int rank, const v1::CheckpointUpload& upload) {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_heartbeat_[rank] = Now();
+  if (rank != 0) return FailUploadLocked(absl::StrCat("sent by rank ", rank, ", not rank 0"));
+  if (upload_.active) return FailUploadLocked("a new upload began before the last one ended");
+  if (upload.num_tensors() == 0) return FailUploadLocked("an upload of no tensors");
+  upload_ = Upload();
+  upload_.active = true;
+  upload_.completed_steps = upload.completed_steps();
+  upload_.remaining = upload.num_tensors();
+  upload_.assembler = std::make_unique<TensorAssembler>(
+      [this](const TensorSpec& spec, uint64_t nbytes) -> absl::StatusOr<void*> {
+        upload_.tensors.push_back({spec, std::vector<uint8_t>(nbytes)});
+        return upload_.tensors.back().bytes.data();
+      });
+}
+
+void Coordinator::OnCheckpointChunk(int rank, const v1::TensorChunk& chunk) {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_heartbeat_[rank] = Now();
+  if (!upload_.active) return FailUploadLocked("a tensor chunk arrived outside an upload");
+  if (absl::Status s = upload_.assembler->Add(chunk); !s.ok()) {
+    return FailUploadLocked(std::string(s.message()));
+  }
+  if (!upload_.assembler->complete()) return;
+  upload_.assembler->Reset();
+  if (--upload_.remaining > 0) return;
+  upload_.active = false;
+  uploaded_steps_ = upload_.completed_steps;
+  cv_.notify_all();
+}
+
+absl::Status Coordinator::TakeCheckpoint(uint64_t completed_steps) {
+  const double start = Now();
+  std::vector<OwnedTensor> tensors;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration<double>(job_.cluster.collective_timeout_seconds);
+    while (failure_.ok() && (upload_.active || uploaded_steps_ != completed_steps)) {
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("rank 0 did not upload the checkpoint of step ", completed_steps,
+                         " within ", job_.cluster.collective_timeout_seconds, " s"));
+      }
+    }
+    if (!failure_.ok()) return failure_;
+    tensors = std::move(upload_.tensors);
+    upload_ = Upload();
+  }
+  FD_ASSIGN_OR_RETURN(const CheckpointInfo info, checkpoints_->Write(completed_steps, tensors));
+  LOG(INFO) << absl::StrFormat("checkpoint %s written in %.2f s", info.dir, Now() - start);
+  return absl::OkStatus();
 }
 
 void Coordinator::Abort(absl::Status reason) {
@@ -668,13 +795,14 @@ absl::Status Coordinator::Run() {
     running_ = true;
   }
   const int64_t prefetch = std::max(1, job_.data.prefetch_steps);
-  int64_t sent = 0;
+  int64_t sent = start_step_;
   const double start = Now();
   double step_start = start;
   absl::Status result;
   // The plan of the next step to send, made one step early so the source can start on it.
   std::optional<StepPlan> next_plan;
-  for (int64_t step = 0; step < total_steps_; ++step) {
+  const int every = job_.checkpoint.every_steps;
+  for (int64_t step = start_step_; step < total_steps_; ++step) {
     // Keep `prefetch` steps queued at every worker so none waits on the source.
     while (sent < total_steps_ && sent <= step + prefetch) {
       const StepPlan plan = next_plan ? std::move(*next_plan)
@@ -698,13 +826,20 @@ absl::Status Coordinator::Run() {
     v1::CoordinatorMessage commit;
     commit.mutable_commit()->set_step(step);
     commit.mutable_commit()->set_membership_epoch(1);
+    const bool checkpoint = every > 0 && ((step + 1) % every == 0 || step + 1 == total_steps_);
+    commit.mutable_commit()->set_checkpoint(checkpoint);
     {
       const grpc::ByteBuffer bytes = MessageToBuffer(commit);
       std::lock_guard<std::mutex> lock(mu_);
       for (auto& [rank, session] : sessions_) session->Send(bytes);
     }
+    StepRecord r = Aggregate(step, Now() - step_start);
+    if (checkpoint) {
+      // The run loop waits; the workers do not (they have the next steps queued).
+      result = TakeCheckpoint(static_cast<uint64_t>(step + 1));
+      if (!result.ok()) break;
+    }
     const double now = Now();
-    StepRecord r = Aggregate(step, now - step_start);
     step_start = now;
     WriteRecord(r);
     {
@@ -713,7 +848,7 @@ absl::Status Coordinator::Run() {
       last_record_ = r;
     }
     const double elapsed = now - start;
-    const double eta = elapsed / (step + 1) * (total_steps_ - step - 1);
+    const double eta = elapsed / (step + 1 - start_step_) * (total_steps_ - step - 1);
     const int64_t print_every = std::max<int64_t>(1, total_steps_ / 20);
     if ((step + 1) % print_every == 0 || step == 0 || step + 1 == total_steps_) {
       LOG(INFO) << absl::StrFormat(

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "common/job_config.h"
 #include "common/safetensors.h"
+#include "coordinator/checkpoint.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/sources/shard_source.h"
@@ -98,6 +99,9 @@ class Coordinator {
   void OnAck(int rank, const v1::StepAck& ack);
   void OnHeartbeat(int rank);
   void OnWorkerError(int rank, const std::string& error);
+  // Rank 0's checkpoint upload: the announcement, then its tensors' chunks.
+  void OnCheckpointUpload(int rank, const v1::CheckpointUpload& upload);
+  void OnCheckpointChunk(int rank, const v1::TensorChunk& chunk);
   RendezvousStore& store() { return store_; }
   const SafetensorsModel& target() const { return *target_; }
   // Shared with gRPC slices that point into the mapped file while they are in flight.
@@ -116,12 +120,21 @@ class Coordinator {
   absl::Status WaitForAcks(uint64_t step);
   StepRecord Aggregate(uint64_t step, double seconds);
   void WriteRecord(const StepRecord& r);
+  // Waits for rank 0's upload of the state after `completed_steps` and writes the checkpoint.
+  absl::Status TakeCheckpoint(uint64_t completed_steps);
+  // Resumes from the newest checkpoint (checkpoint.resume): its weights and optimizer state become
+  // what FetchTensors serves, steps.jsonl keeps the records before it. False when there is none.
+  absl::StatusOr<bool> Resume();
+  void FailUploadLocked(std::string why);  // mu_ held
 
   JobConfig job_;
   DrafterModelConfig drafter_config_;
   std::unique_ptr<HiddenStateSource> source_;
   std::shared_ptr<const SafetensorsModel> target_;
   std::shared_ptr<const SafetensorsModel> initial_weights_;
+  std::shared_ptr<const SafetensorsModel> optimizer_state_;  // when resumed from a checkpoint
+  std::unique_ptr<CheckpointStore> checkpoints_;
+  int64_t start_step_ = 0;  // the first step this run trains (> 0 when resumed)
   std::unique_ptr<Scheduler> scheduler_;
   double gamma_ = 7.0;
   int world_size_ = 1;
@@ -140,6 +153,15 @@ class Coordinator {
   std::map<int, TrainSession*> sessions_;                // live Train streams by rank
   std::map<int, double> last_heartbeat_;                 // rank -> monotonic seconds
   std::map<uint64_t, std::map<int, v1::StepAck>> acks_;  // step -> rank -> ack
+  // Rank 0's checkpoint upload in progress (mu_).
+  struct Upload {
+    uint64_t completed_steps = 0;
+    uint32_t remaining = 0;  // tensors still to come
+    bool active = false;
+    std::vector<OwnedTensor> tensors;
+    std::unique_ptr<TensorAssembler> assembler;
+  } upload_;
+  uint64_t uploaded_steps_ = 0;  // completed_steps of the last whole upload
   absl::Status failure_;
   uint64_t committed_ = 0;
   StepRecord last_record_;

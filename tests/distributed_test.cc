@@ -42,6 +42,7 @@ data: {source: shards, shards_dir: )",
 train: {seed: 1, learning_rate: 0.01, max_steps: )",
                       steps, R"(, global_batch_size: 6}
 cluster: {heartbeat_interval_seconds: 1, heartbeat_timeout_seconds: 60, join_timeout_seconds: 60, collective_timeout_seconds: 60}
+checkpoint: {every_steps: 10, keep_last: 5}
 )");
 }
 
@@ -129,6 +130,48 @@ TEST_F(DistributedTest, LossDoesNotDependOnTheNumberOfWorkers) {
     EXPECT_LE(std::abs(a - b), 1e-4 * std::abs(a)) << "step " << i << ": " << a << " vs " << b;
     EXPECT_EQ(one[i]["tokens"], two[i]["tokens"]) << "step " << i;
   }
+}
+
+// Checkpoints every 10 steps; a job resumed from the one after step 10 — with another number of
+// workers — trains steps 10..29 to the same losses as the run that never stopped, and steps.jsonl
+// reads as one run. A damaged checkpoint stops the resume with the file named.
+TEST_F(DistributedTest, ResumesExactlyFromACheckpoint) {
+  ASSERT_EQ(exit_codes_[2], 0) << outputs_[2];
+  for (const char* step : {"step-00000010", "step-00000020", "step-00000030"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir_->Join(absl::StrCat("run2/checkpoints/", step))))
+        << step;
+  }
+  const std::string resumed = dir_->Join("resumed");
+  std::filesystem::create_directories(resumed + "/checkpoints");
+  std::filesystem::copy(dir_->Join("run2/checkpoints/step-00000010"),
+                        resumed + "/checkpoints/step-00000010");
+  std::filesystem::copy_file(dir_->Join("run2/steps.jsonl"), resumed + "/steps.jsonl");
+  auto run = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir_->Join("job.yaml"),
+                                     " --workers 1 --resume --out ", resumed));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("resuming from"));
+  auto straight = ReadSteps(dir_->Join("run2/steps.jsonl"));
+  auto again = ReadSteps(resumed + "/steps.jsonl");
+  ASSERT_EQ(straight.size(), 30u);
+  ASSERT_EQ(again.size(), 30u);
+  for (size_t i = 0; i < 30; ++i) {
+    EXPECT_EQ(again[i]["step"], i);
+    const double a = straight[i]["loss"].get<double>(), b = again[i]["loss"].get<double>();
+    EXPECT_LE(std::abs(a - b), 1e-4 * std::abs(a)) << "step " << i << ": " << a << " vs " << b;
+  }
+  EXPECT_EQ(again[9]["world_size"], 2);   // kept from the first run
+  EXPECT_EQ(again[10]["world_size"], 1);  // trained again after the resume
+
+  const std::string damaged = dir_->Join("damaged");
+  std::filesystem::create_directories(damaged + "/checkpoints");
+  std::filesystem::copy(dir_->Join("run2/checkpoints/step-00000020"),
+                        damaged + "/checkpoints/step-00000020");
+  ASSERT_TRUE(
+      WriteFileAtomically(damaged + "/checkpoints/step-00000020/model.safetensors", "x").ok());
+  run = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir_->Join("job.yaml"),
+                                " --workers 1 --resume --out ", damaged));
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_THAT(run.output, HasSubstr("step-00000020/model.safetensors: CRC-32C"));
 }
 
 // A coordinator process on port 0 for protocol-level tests.

@@ -48,6 +48,7 @@ struct Item {
   uint64_t step = 0;
   std::string text;
   bool job_finished = false;  // kShutdown: the job trained all its steps
+  bool checkpoint = false;    // kCommit: rank 0 uploads its state after applying the step
 };
 
 using ItemQueue = BlockingQueue<Item>;
@@ -134,6 +135,91 @@ absl::Status LoadFetchedModel(DrafterImpl& drafter, std::map<std::string, torch:
   return absl::OkStatus();
 }
 
+// The AdamW state of a parameter, as LibTorch's AdamW keys it.
+std::string StateKey(const torch::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
+
+// A resumed job's optimizer state (kOptimizerStatePrefix tensors) into `optimizer`; nothing when
+// the coordinator sent none (a fresh start).
+absl::Status LoadOptimizerState(DrafterImpl& drafter,
+                                const std::map<std::string, torch::Tensor>& fetched,
+                                torch::optim::AdamW& optimizer) {
+  const std::string prefix = kOptimizerStatePrefix;
+  auto step = fetched.find(prefix + "step");
+  if (step == fetched.end()) return absl::OkStatus();
+  if (step->second.numel() != 1 || step->second.scalar_type() != torch::kInt64) {
+    return absl::DataLossError("the coordinator's adamw.step is not one int64");
+  }
+  for (auto& item : drafter.named_parameters()) {
+    auto state = std::make_unique<torch::optim::AdamWParamState>();
+    state->step(step->second.item<int64_t>());
+    for (const char* moment : {".exp_avg", ".exp_avg_sq"}) {
+      const std::string name = prefix + item.key() + moment;
+      auto it = fetched.find(name);
+      if (it == fetched.end()) {
+        return absl::DataLossError(absl::StrCat("the coordinator sent no '", name, "'"));
+      }
+      if (!it->second.sizes().equals(item.value().sizes()) ||
+          it->second.scalar_type() != torch::kFloat32) {
+        return absl::DataLossError(absl::StrCat("the coordinator's '", name, "' is not F32 ",
+                                                ShapeString(item.value().sizes().vec())));
+      }
+      if (std::string(moment) == ".exp_avg") {
+        state->exp_avg(it->second.clone());
+      } else {
+        state->exp_avg_sq(it->second.clone());
+      }
+    }
+    optimizer.state()[StateKey(item.value())] = std::move(state);
+  }
+  return absl::OkStatus();
+}
+
+// Rank 0's state after `completed_steps` steps to the coordinator, for a checkpoint: the
+// parameters, the AdamW moments and step (CheckpointUpload in the protocol).
+template <typename Write>
+absl::Status UploadCheckpoint(DrafterImpl& drafter, torch::optim::AdamW& optimizer,
+                              uint64_t completed_steps, const Write& write) {
+  torch::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  int64_t step = 0;
+  for (auto& item : drafter.named_parameters()) {
+    const torch::Tensor& p = item.value();
+    tensors.emplace_back(kDrafterWeightPrefix + item.key(), p.detach().contiguous());
+    auto it = optimizer.state().find(StateKey(p));
+    const std::string prefix = kOptimizerStatePrefix + item.key();
+    if (it == optimizer.state().end()) {
+      tensors.emplace_back(prefix + ".exp_avg", torch::zeros_like(p));
+      tensors.emplace_back(prefix + ".exp_avg_sq", torch::zeros_like(p));
+      continue;
+    }
+    auto& state = static_cast<torch::optim::AdamWParamState&>(*it->second);
+    step = state.step();
+    tensors.emplace_back(prefix + ".exp_avg", state.exp_avg().contiguous());
+    tensors.emplace_back(prefix + ".exp_avg_sq", state.exp_avg_sq().contiguous());
+  }
+  tensors.emplace_back(std::string(kOptimizerStatePrefix) + "step",
+                       torch::full({1}, step, torch::kInt64));
+  v1::WorkerMessage announce;
+  announce.mutable_checkpoint()->set_completed_steps(completed_steps);
+  announce.mutable_checkpoint()->set_num_tensors(static_cast<uint32_t>(tensors.size()));
+  if (!write(announce)) return absl::UnavailableError("the coordinator closed the Train stream");
+  v1::TensorChunk chunk;
+  for (const auto& [name, t] : tensors) {
+    FD_ASSIGN_OR_RETURN(const DType dtype, FromTorchDType(t.scalar_type()));
+    FD_RETURN_IF_ERROR(EncodeTensor(
+        {name, dtype, t.sizes().vec()}, t.data_ptr(), t.nbytes(), kDefaultMaxChunkBytes, chunk,
+        [&](v1::TensorChunk& c) {
+          v1::WorkerMessage m;
+          m.mutable_tensor_chunk()->Swap(&c);
+          return write(m) ? absl::OkStatus()
+                          : absl::UnavailableError("the coordinator closed the Train stream");
+        }));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunWorker(const WorkerOptions& o) {
@@ -204,6 +290,7 @@ absl::Status RunWorker(const WorkerOptions& o) {
   opt.weight_decay = job.train.weight_decay;
   opt.grad_clip_norm = job.train.grad_clip_norm;
   DrafterTrainer trainer(drafter, opt);
+  FD_RETURN_IF_ERROR(LoadOptimizerState(*drafter, fetched, trainer.optimizer()));
   GradientReducer reducer(params, collective.get(),
                           static_cast<size_t>(job.cluster.allreduce_bucket_mib * (1 << 20)));
   const double gamma = job.drafter.loss_decay_gamma > 0
@@ -277,7 +364,8 @@ absl::Status RunWorker(const WorkerOptions& o) {
           if (!add([&](TensorAssembler& a) { return a.Add(msg.tensor_chunk()); })) return;
           break;
         case v1::CoordinatorMessage::kCommit:
-          queue.Push(Item{Item::kCommit, {}, {}, msg.commit().step(), ""});
+          queue.Push(Item{
+              Item::kCommit, {}, {}, msg.commit().step(), "", false, msg.commit().checkpoint()});
           break;
         case v1::CoordinatorMessage::kShutdown:
           queue.Push(Item{
@@ -384,6 +472,9 @@ absl::Status RunWorker(const WorkerOptions& o) {
         t = Clock::now();
         trainer.ApplyWithLearningRate(h.learning_rate());
         last_optimizer_seconds = Since(t);
+        if (next.checkpoint && rank == 0) {
+          result = UploadCheckpoint(*drafter, trainer.optimizer(), h.step() + 1, write);
+        }
         break;
       } else if (next.kind == Item::kShutdown) {
         trainer.DiscardGradients();

@@ -1,0 +1,157 @@
+#include "coordinator/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/chunk_wire.h"
+#include "common/crc32c.h"
+#include "common/file_util.h"
+#include "common/safetensors.h"
+#include "common/status_macros.h"
+
+namespace flashdraft {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kModelFile[] = "model.safetensors";
+constexpr char kOptimizerFile[] = "optimizer.safetensors";
+constexpr char kManifestFile[] = "checkpoint.json";
+
+std::string StepDirName(uint64_t completed_steps) {
+  return absl::StrFormat("step-%08d", completed_steps);
+}
+
+// Completed steps of a directory named step-N, or nullopt for anything else (step-N.tmp, ...).
+std::optional<uint64_t> StepOfDir(const std::string& name) {
+  uint64_t step;
+  if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &step)) {
+    return std::nullopt;
+  }
+  return step;
+}
+
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return absl::InternalError(absl::StrCat(dir, ": cannot open: ", std::strerror(errno)));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return absl::InternalError(absl::StrCat(dir, ": fsync failed"));
+  return absl::OkStatus();
+}
+
+// Checkpoints under `root`, oldest first.
+std::vector<std::pair<uint64_t, std::string>> ListCheckpoints(const std::string& root) {
+  std::vector<std::pair<uint64_t, std::string>> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    if (!entry.is_directory()) continue;
+    if (auto step = StepOfDir(entry.path().filename().string())) {
+      out.emplace_back(*step, entry.path().string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+CheckpointStore::CheckpointStore(std::string root, int keep_last)
+    : root_(std::move(root)), keep_last_(std::max(1, keep_last)) {}
+
+absl::StatusOr<CheckpointInfo> CheckpointStore::Write(
+    uint64_t completed_steps, const std::vector<OwnedTensor>& tensors) const {
+  SafetensorsWriter model, optimizer;
+  model.SetMetadata("format", "pt");
+  optimizer.SetMetadata("format", "pt");
+  for (const OwnedTensor& t : tensors) {
+    const std::string& name = t.spec.name;
+    if (absl::StartsWith(name, kDrafterWeightPrefix)) {
+      FD_RETURN_IF_ERROR(model.Add(name.substr(std::strlen(kDrafterWeightPrefix)), t.spec.dtype,
+                                   t.spec.shape, t.bytes.data(), t.bytes.size()));
+    } else if (absl::StartsWith(name, kOptimizerStatePrefix)) {
+      FD_RETURN_IF_ERROR(optimizer.Add(name.substr(std::strlen(kOptimizerStatePrefix)),
+                                       t.spec.dtype, t.spec.shape, t.bytes.data(), t.bytes.size()));
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint upload: tensor '", name,
+                                                     "' is neither '", kDrafterWeightPrefix,
+                                                     "' nor '", kOptimizerStatePrefix, "'"));
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(root_, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", root_, ": ", ec.message()));
+  const std::string final_dir = root_ + "/" + StepDirName(completed_steps);
+  const std::string tmp_dir = final_dir + ".tmp";
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp_dir, ": ", ec.message()));
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& [file, writer] :
+       {std::pair<const char*, const SafetensorsWriter*>{kModelFile, &model},
+        {kOptimizerFile, &optimizer}}) {
+    const std::string image = writer->Serialize();
+    FD_RETURN_IF_ERROR(WriteFileAtomically(tmp_dir + "/" + file, image));
+    files[file] = Crc32c(image.data(), image.size());
+  }
+  const nlohmann::json manifest = {
+      {"format", 1}, {"completed_steps", completed_steps}, {"files", files}};
+  FD_RETURN_IF_ERROR(WriteFileAtomically(tmp_dir + "/" + kManifestFile, manifest.dump(2) + "\n"));
+  fs::remove_all(final_dir, ec);  // a checkpoint of the same step from an earlier run
+  fs::rename(tmp_dir, final_dir, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot rename ", tmp_dir, " to ", final_dir, ": ", ec.message()));
+  }
+  FD_RETURN_IF_ERROR(SyncDirectory(root_));
+  std::vector<std::pair<uint64_t, std::string>> all = ListCheckpoints(root_);
+  for (size_t i = 0; i + keep_last_ < all.size(); ++i) fs::remove_all(all[i].second, ec);
+  return CheckpointInfo{completed_steps, final_dir, final_dir + "/" + kModelFile,
+                        final_dir + "/" + kOptimizerFile};
+}
+
+absl::StatusOr<std::optional<CheckpointInfo>> CheckpointStore::Latest() const {
+  std::vector<std::pair<uint64_t, std::string>> all = ListCheckpoints(root_);
+  if (all.empty()) return std::optional<CheckpointInfo>();
+  const auto& [step, dir] = all.back();
+  const std::string manifest_path = dir + "/" + kManifestFile;
+  FD_ASSIGN_OR_RETURN(const std::string text, ReadFile(manifest_path));
+  nlohmann::json manifest = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!manifest.is_object() || !manifest.contains("completed_steps") ||
+      !manifest["completed_steps"].is_number_unsigned() || !manifest.contains("files") ||
+      !manifest["files"].is_object()) {
+    return absl::DataLossError(absl::StrCat(manifest_path, ": not a checkpoint manifest"));
+  }
+  if (manifest["completed_steps"].get<uint64_t>() != step) {
+    return absl::DataLossError(absl::StrCat(manifest_path, ": completed_steps ",
+                                            manifest["completed_steps"].dump(),
+                                            " does not match the directory's ", step));
+  }
+  for (const char* file : {kModelFile, kOptimizerFile}) {
+    const std::string path = dir + "/" + file;
+    if (!manifest["files"].contains(file) || !manifest["files"][file].is_number_unsigned()) {
+      return absl::DataLossError(absl::StrCat(manifest_path, ": no CRC for ", file));
+    }
+    FD_ASSIGN_OR_RETURN(const std::string bytes, ReadFile(path));
+    const uint32_t crc = Crc32c(bytes.data(), bytes.size());
+    if (crc != manifest["files"][file].get<uint64_t>()) {
+      return absl::DataLossError(absl::StrCat(path, ": CRC-32C ", crc, " does not match ",
+                                              manifest_path, " (", manifest["files"][file].dump(),
+                                              "): the checkpoint is damaged"));
+    }
+  }
+  return std::optional<CheckpointInfo>(
+      CheckpointInfo{step, dir, dir + "/" + kModelFile, dir + "/" + kOptimizerFile});
+}
+
+}  // namespace flashdraft

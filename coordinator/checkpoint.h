@@ -1,0 +1,50 @@
+// Checkpoints on the local filesystem (DESIGN.md §4 CheckpointStore): a checkpoint is either whole
+// or absent. Layout under the checkpoint root:
+//   step-00000010/model.safetensors      the drafter's parameters (F32, parameter names)
+//   step-00000010/optimizer.safetensors  AdamW state (<name>.exp_avg, <name>.exp_avg_sq, step)
+//   step-00000010/checkpoint.json        {"format": 1, "completed_steps": 10,
+//                                          "files": {"model.safetensors": <crc32c>, ...}}
+// Written into step-N.tmp/ (every file fsynced), renamed to step-N/, the root fsynced; the newest
+// `keep_last` are kept. Loading verifies every file's CRC-32C against checkpoint.json.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tensor_codec.h"
+
+namespace flashdraft {
+
+// Upload names (CheckpointUpload in the protocol; kDrafterWeightPrefix, kOptimizerStatePrefix)
+// map to files: "drafter.<name>" to <name> in model.safetensors, "adamw.<name>" to <name> in
+// optimizer.safetensors; FetchTensors maps back.
+struct CheckpointInfo {
+  uint64_t completed_steps = 0;
+  std::string dir;
+  std::string model_path;      // model.safetensors
+  std::string optimizer_path;  // optimizer.safetensors
+};
+
+class CheckpointStore {
+ public:
+  CheckpointStore(std::string root, int keep_last);
+
+  // Writes the checkpoint after `completed_steps` steps from uploaded tensors (names prefixed
+  // "drafter." or "adamw."; anything else is an error), then drops all but the newest keep_last.
+  absl::StatusOr<CheckpointInfo> Write(uint64_t completed_steps,
+                                       const std::vector<OwnedTensor>& tensors) const;
+  // The newest checkpoint, its files verified; nullopt when there is none. A damaged one is an
+  // error naming the file (it is not skipped: a checkpoint is whole or absent).
+  absl::StatusOr<std::optional<CheckpointInfo>> Latest() const;
+
+  const std::string& root() const { return root_; }
+
+ private:
+  std::string root_;
+  int keep_last_;
+};
+
+}  // namespace flashdraft

@@ -1,0 +1,81 @@
+#include "coordinator/checkpoint.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/file_util.h"
+#include "common/safetensors.h"
+#include "tests/support/test_util.h"
+
+namespace flashdraft {
+namespace {
+
+using ::flashdraft::testing::RandomBytes;
+using ::flashdraft::testing::TempDir;
+using ::testing::HasSubstr;
+
+std::vector<OwnedTensor> Upload(uint64_t seed) {
+  return {{{"drafter.fc.weight", DType::kF32, {4, 8}}, RandomBytes(128, seed)},
+          {{"adamw.fc.weight.exp_avg", DType::kF32, {4, 8}}, RandomBytes(128, seed + 1)},
+          {{"adamw.step", DType::kI64, {1}}, RandomBytes(8, seed + 2)}};
+}
+
+TEST(CheckpointStoreTest, WritesWholeCheckpointsAndKeepsTheNewest) {
+  TempDir dir;
+  CheckpointStore store(dir.Join("ckpt"), 2);
+  auto none = store.Latest();
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  for (uint64_t step : {10, 20, 30}) ASSERT_TRUE(store.Write(step, Upload(step)).ok());
+  // A leftover of an interrupted write is not a checkpoint.
+  std::filesystem::create_directories(dir.Join("ckpt/step-00000040.tmp"));
+  EXPECT_FALSE(std::filesystem::exists(dir.Join("ckpt/step-00000010")));  // keep_last 2
+  EXPECT_TRUE(std::filesystem::exists(dir.Join("ckpt/step-00000020")));
+  auto latest = store.Latest();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  ASSERT_TRUE(latest->has_value());
+  EXPECT_EQ((*latest)->completed_steps, 30u);
+  auto model = SafetensorsModel::Open((*latest)->model_path);
+  auto optimizer = SafetensorsModel::Open((*latest)->optimizer_path);
+  ASSERT_TRUE(model.ok() && optimizer.ok());
+  EXPECT_EQ((*model)->names(), std::vector<std::string>{"fc.weight"});
+  EXPECT_EQ((*optimizer)->names(), (std::vector<std::string>{"fc.weight.exp_avg", "step"}));
+  auto view = (*model)->GetChecked("fc.weight", DType::kF32, {4, 8});
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(std::vector<uint8_t>(view->data, view->data + view->nbytes), RandomBytes(128, 30));
+}
+
+TEST(CheckpointStoreTest, DamagedCheckpointIsAnErrorNamingTheFile) {
+  TempDir dir;
+  CheckpointStore store(dir.Join("ckpt"), 3);
+  auto info = store.Write(5, Upload(1));
+  ASSERT_TRUE(info.ok());
+  {
+    std::fstream f(info->optimizer_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  auto latest = store.Latest();
+  EXPECT_THAT(std::string(latest.status().message()),
+              HasSubstr("step-00000005/optimizer.safetensors: CRC-32C"));
+  EXPECT_THAT(std::string(latest.status().message()), HasSubstr("the checkpoint is damaged"));
+  ASSERT_TRUE(WriteFileAtomically(info->dir + "/checkpoint.json", "{\"files\": 3}").ok());
+  EXPECT_THAT(std::string(store.Latest().status().message()),
+              HasSubstr("checkpoint.json: not a checkpoint manifest"));
+}
+
+TEST(CheckpointStoreTest, RefusesTensorsOfNoKnownKind) {
+  TempDir dir;
+  CheckpointStore store(dir.Join("ckpt"), 3);
+  std::vector<OwnedTensor> upload = Upload(1);
+  upload.push_back({{"embed_tokens.weight", DType::kF32, {1}}, RandomBytes(4, 9)});
+  EXPECT_THAT(std::string(store.Write(1, upload).status().message()),
+              HasSubstr("tensor 'embed_tokens.weight' is neither 'drafter.' nor 'adamw.'"));
+  EXPECT_FALSE(std::filesystem::exists(dir.Join("ckpt/step-00000001")));
+}
+
+}  // namespace
+}  // namespace flashdraft
