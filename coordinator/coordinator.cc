@@ -335,6 +335,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   c->warmup_steps_ = static_cast<int64_t>(std::llround(j.train.warmup_ratio * c->total_steps_));
   std::error_code ec;
   std::filesystem::create_directories(j.output_dir, ec);
+  c->metrics_ = std::make_unique<CoordinatorMetrics>(j.cluster.backend, c->total_steps_,
+                                                     j.drafter.block_size);
   c->checkpoints_ = std::make_unique<CheckpointStore>(
       j.checkpoint.dir.empty() ? j.output_dir + "/checkpoints" : j.checkpoint.dir,
       j.checkpoint.keep_last);
@@ -367,6 +369,12 @@ absl::Status Coordinator::Start() {
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", job_.cluster.listen));
+  }
+  if (job_.metrics.enabled) {
+    FD_ASSIGN_OR_RETURN(const int metrics_port, metrics_->Serve(job_.metrics.listen));
+    FD_RETURN_IF_ERROR(
+        WriteFileAtomically(job_.output_dir + "/metrics.port", absl::StrCat(metrics_port, "\n")));
+    LOG(INFO) << "metrics on port " << metrics_port << " (/metrics)";
   }
   return absl::OkStatus();
 }
@@ -516,6 +524,7 @@ void Coordinator::SessionStarted(TrainSession* session, int rank) {
   std::lock_guard<std::mutex> lock(mu_);
   sessions_[rank] = session;
   last_heartbeat_[rank] = Now();
+  metrics_->SetWorkers(static_cast<int>(sessions_.size()), 1);
   cv_.notify_all();
 }
 
@@ -527,6 +536,8 @@ void Coordinator::SessionEnded(TrainSession* session, const std::string& why) {
         failure_ = absl::UnavailableError(absl::StrCat("worker rank ", it->first, " lost: ", why));
       }
       sessions_.erase(it);
+      metrics_->SetWorkers(static_cast<int>(sessions_.size()), 1);
+      if (running_) metrics_->WorkerFailed();
       break;
     }
   }
@@ -610,7 +621,11 @@ absl::Status Coordinator::TakeCheckpoint(uint64_t completed_steps) {
     upload_ = Upload();
   }
   FD_ASSIGN_OR_RETURN(const CheckpointInfo info, checkpoints_->Write(completed_steps, tensors));
-  LOG(INFO) << absl::StrFormat("checkpoint %s written in %.2f s", info.dir, Now() - start);
+  const double seconds = Now() - start;
+  metrics_->RecordCheckpoint(
+      seconds,
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  LOG(INFO) << absl::StrFormat("checkpoint %s written in %.2f s", info.dir, seconds);
   return absl::OkStatus();
 }
 
@@ -698,7 +713,12 @@ absl::Status Coordinator::SendStep(const StepPlan& plan) {
     if (it == sessions_.end()) {
       return absl::UnavailableError(absl::StrCat("worker rank ", rank, " is gone"));
     }
-    for (grpc::ByteBuffer& msg : messages) it->second->Send(std::move(msg));
+    uint64_t bytes = 0;
+    for (grpc::ByteBuffer& msg : messages) {
+      bytes += msg.Length();
+      it->second->Send(std::move(msg));
+    }
+    metrics_->AddStreamBytes(bytes);
   }
   return absl::OkStatus();
 }
@@ -713,6 +733,7 @@ absl::Status Coordinator::WaitForAcks(uint64_t step) {
       if (now - seen > job_.cluster.heartbeat_timeout_seconds) {
         failure_ = absl::DeadlineExceededError(absl::StrFormat(
             "worker rank %d lost: no message for %.0f s (heartbeat timeout)", rank, now - seen));
+        metrics_->WorkerFailed();
         return failure_;
       }
     }
@@ -842,6 +863,7 @@ absl::Status Coordinator::Run() {
     const double now = Now();
     step_start = now;
     WriteRecord(r);
+    metrics_->RecordStep(r);
     {
       std::lock_guard<std::mutex> lock(mu_);
       committed_ = step + 1;

@@ -16,6 +16,7 @@
 #include "common/job_config.h"
 #include "common/safetensors.h"
 #include "coordinator/checkpoint.h"
+#include "coordinator/metrics.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/sources/shard_source.h"
@@ -76,8 +77,10 @@ class Coordinator {
   static absl::StatusOr<SourceBundle> OpenShardSource(const JobConfig& job);
   ~Coordinator();
 
-  // Starts the gRPC server on job.cluster.listen; port() is the bound port afterwards.
+  // Starts the gRPC server on job.cluster.listen; port() is the bound port afterwards. With
+  // metrics.enabled also /metrics on metrics.listen, its port in <output_dir>/metrics.port.
   absl::Status Start();
+  const CoordinatorMetrics& metrics() const { return *metrics_; }
   int port() const { return port_; }
 
   // Waits for the workers, trains job.train.max_steps steps, sends Shutdown. Returns the job
@@ -134,6 +137,7 @@ class Coordinator {
   std::shared_ptr<const SafetensorsModel> initial_weights_;
   std::shared_ptr<const SafetensorsModel> optimizer_state_;  // when resumed from a checkpoint
   std::unique_ptr<CheckpointStore> checkpoints_;
+  std::unique_ptr<CoordinatorMetrics> metrics_;
   int64_t start_step_ = 0;  // the first step this run trains (> 0 when resumed)
   std::unique_ptr<Scheduler> scheduler_;
   double gamma_ = 7.0;

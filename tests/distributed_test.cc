@@ -24,6 +24,7 @@
 namespace flashdraft {
 namespace {
 
+using ::flashdraft::testing::HttpGet;
 using ::flashdraft::testing::RunCommand;
 using ::flashdraft::testing::ShellQuote;
 using ::flashdraft::testing::TempDir;
@@ -249,6 +250,20 @@ TEST_F(DistributedTest, JoinRefusesOtherProtocolVersionsAndModelShapes) {
   store.mutable_get()->set_key("x");
   v1::StoreReply reply;
   EXPECT_EQ(stub->Store(&ctx, store, &reply).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+
+  // The coordinator binary (it links LibTorch, whose static TLS once broke prometheus-cpp's
+  // server threads) serves /metrics on the port it wrote next to its output.
+  std::ifstream metrics_port_file(dir_->Join("run/metrics.port"));
+  int metrics_port = 0;
+  ASSERT_TRUE(metrics_port_file >> metrics_port);
+  auto scrape = HttpGet(metrics_port, "/metrics");
+  ASSERT_TRUE(scrape.ok()) << scrape.status();
+  EXPECT_EQ(scrape->status, 200);
+  EXPECT_THAT(scrape->body, HasSubstr("flashdraft_build_info{"));
+  EXPECT_THAT(scrape->body, HasSubstr("flashdraft_step 0\n"));
+  EXPECT_THAT(scrape->body, HasSubstr("flashdraft_steps 30\n"));
+  EXPECT_THAT(scrape->body, HasSubstr("flashdraft_workers{state=\"training\"} 0\n"));
+  EXPECT_THAT(scrape->body, HasSubstr("flashdraft_slot_accuracy{position=\"7\"}"));
 
   // `flashdraft status` asks the same service.
   auto status = RunCommand(absl::StrCat(kBin, "/flashdraft status 127.0.0.1:", coordinator.port()));

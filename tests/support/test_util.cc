@@ -1,7 +1,10 @@
 #include "tests/support/test_util.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -91,6 +94,37 @@ absl::StatusOr<std::string> RunReferencePython(const std::string& script,
         absl::StrCat("reference python failed (exit ", r.exit_code, "): ", err.output));
   }
   return r.output;
+}
+
+absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket() failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot connect to 127.0.0.1:", port));
+  }
+  const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+  if (send(fd, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return absl::UnavailableError("send failed");
+  }
+  std::string response;
+  char buffer[65536];
+  ssize_t n;
+  while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0) response.append(buffer, n);
+  close(fd);
+  HttpResponse out;
+  const size_t body = response.find("\r\n\r\n");
+  if (response.rfind("HTTP/1.", 0) != 0 || body == std::string::npos ||
+      sscanf(response.c_str(), "HTTP/1.%*d %d", &out.status) != 1) {
+    return absl::DataLossError(absl::StrCat("not an HTTP response: ", response.substr(0, 80)));
+  }
+  out.body = response.substr(body + 4);
+  return out;
 }
 
 }  // namespace flashdraft::testing

@@ -46,6 +46,13 @@ std::string ShellQuote(const std::string& s);
 // `n` bytes from a seeded generator (the same bytes for the same seed).
 std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed);
 
+// A plain HTTP/1.0 GET of http://127.0.0.1:<port><path>: the status line and body, or an error.
+struct HttpResponse {
+  int status = 0;
+  std::string body;
+};
+absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path);
+
 }  // namespace flashdraft::testing
 
 #define FD_SKIP_WITHOUT_REFERENCE_PYTHON()                                                  \

@@ -1,0 +1,61 @@
+// The coordinator's Prometheus metrics (DESIGN.md §7): prefix flashdraft_, base units, counters end
+// in _total, no unbounded labels. Served over HTTP by prometheus-cpp's Exposer at
+// job.metrics.listen (/metrics); the bound port is written to <output_dir>/metrics.port.
+#pragma once
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace flashdraft {
+
+struct StepRecord;
+
+class CoordinatorMetrics {
+ public:
+  // `backend`: the collective backend label of flashdraft_build_info.
+  CoordinatorMetrics(const std::string& backend, int64_t total_steps, int block_size);
+
+  // Serves /metrics on `listen` ("host:port", port 0 picks one); returns the bound port.
+  absl::StatusOr<int> Serve(const std::string& listen);
+
+  void RecordStep(const StepRecord& record);  // a committed step
+  void SetWorkers(int training, int membership_epoch);
+  void WorkerFailed();
+  void AddStreamBytes(uint64_t bytes);  // Train-stream bytes queued to workers
+  void RecordCheckpoint(double seconds, double unix_time);
+
+  // The exposition text of everything, as a scrape returns it (tests, `flashdraft status`).
+  std::string Text() const;
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  prometheus::Gauge* step_;
+  prometheus::Gauge* loss_;
+  prometheus::Gauge* tau_;
+  prometheus::Gauge* learning_rate_;
+  std::vector<prometheus::Gauge*> slot_accuracy_;  // positions 1..B-1
+  prometheus::Counter* tokens_;
+  prometheus::Counter* steps_;
+  prometheus::Histogram* step_seconds_;
+  std::vector<prometheus::Histogram*>
+      phase_seconds_;  // wait, forward, backward, allreduce, optimizer
+  prometheus::Gauge* workers_training_;
+  prometheus::Gauge* membership_epoch_;
+  prometheus::Counter* worker_failures_;
+  prometheus::Counter* stream_bytes_;
+  prometheus::Gauge* checkpoint_seconds_;
+  prometheus::Gauge* checkpoint_last_success_;
+};
+
+}  // namespace flashdraft

@@ -1,0 +1,68 @@
+#include "coordinator/metrics.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "coordinator/coordinator.h"
+#include "tests/support/test_util.h"
+
+namespace flashdraft {
+namespace {
+
+using ::testing::HasSubstr;
+
+StepRecord Record() {
+  StepRecord r;
+  r.step = 4;
+  r.loss = 1.5;
+  r.tokens = 100;
+  r.world_size = 2;
+  r.slot_correct = {3, 1, 0};
+  r.slot_total = {4, 4, 4};
+  r.step_seconds = 0.3;
+  r.forward_seconds = 0.1;
+  r.learning_rate = 0.001;
+  return r;
+}
+
+TEST(CoordinatorMetricsTest, StepsSetGaugesCountersAndHistograms) {
+  CoordinatorMetrics m("gloo", 30, 4);
+  m.RecordStep(Record());
+  m.RecordStep(Record());
+  m.SetWorkers(2, 1);
+  m.AddStreamBytes(4096);
+  const std::string text = m.Text();
+  EXPECT_THAT(text, HasSubstr("flashdraft_build_info{"));
+  EXPECT_THAT(text, HasSubstr("backend=\"gloo\""));
+  EXPECT_THAT(text, HasSubstr("flashdraft_step 5\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_steps 30\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_loss 1.5\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_slot_accuracy{position=\"1\"} 0.75\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_slot_accuracy{position=\"3\"} 0\n"));
+  // τ = 1 + 0.75 + 0.75·0.25 + 0
+  EXPECT_THAT(text, HasSubstr("flashdraft_tau_estimate 1.9375\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_tokens_total 200\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_step_duration_seconds_count 2\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_phase_duration_seconds_sum{phase=\"forward\"} 0.2"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_workers{state=\"training\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_stream_bytes_total{direction=\"sent\"} 4096\n"));
+}
+
+// A real scrape over HTTP of what Serve() exposes.
+TEST(CoordinatorMetricsTest, ServesTheTextOverHttp) {
+  CoordinatorMetrics m("gloo", 30, 4);
+  m.RecordStep(Record());
+  absl::StatusOr<int> port = m.Serve("127.0.0.1:0");
+  ASSERT_TRUE(port.ok()) << port.status();
+  auto response = testing::HttpGet(*port, "/metrics");
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->status, 200);
+  EXPECT_THAT(response->body, HasSubstr("flashdraft_loss 1.5\n"));
+  EXPECT_THAT(response->body, HasSubstr("# TYPE flashdraft_tokens_total counter"));
+  CoordinatorMetrics other("gloo", 30, 4);
+  EXPECT_THAT(std::string(other.Serve("not-an-address").status().message()),
+              HasSubstr("metrics.listen not-an-address: cannot serve /metrics"));
+}
+
+}  // namespace
+}  // namespace flashdraft
