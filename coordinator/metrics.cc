@@ -20,100 +20,57 @@ prometheus::Histogram::BucketBoundaries SecondsBuckets() {
 CoordinatorMetrics::CoordinatorMetrics(const std::string& backend, int64_t total_steps,
                                        int block_size)
     : registry_(std::make_shared<prometheus::Registry>()) {
-  using prometheus::BuildCounter;
-  using prometheus::BuildGauge;
-  using prometheus::BuildHistogram;
-  BuildGauge()
-      .Name("flashdraft_build_info")
-      .Help("Always 1; the labels say which build runs")
-      .Register(*registry_)
-      .Add({{"version", FLASHDRAFT_VERSION}, {"commit", FLASHDRAFT_COMMIT}, {"backend", backend}})
+  // The registry merges families of one name: each call adds one labelled series.
+  prometheus::Registry& r = *registry_;
+  auto gauge = [&r](const std::string& name, const std::string& help,
+                    const prometheus::Labels& labels = {}) -> prometheus::Gauge& {
+    return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add(labels);
+  };
+  auto counter = [&r](const std::string& name, const std::string& help,
+                      const prometheus::Labels& labels = {}) -> prometheus::Counter& {
+    return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add(labels);
+  };
+  auto histogram = [&r](const std::string& name, const std::string& help,
+                        const prometheus::Labels& labels = {}) -> prometheus::Histogram& {
+    return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add(labels,
+                                                                              SecondsBuckets());
+  };
+  gauge("flashdraft_build_info", "Always 1; the labels say which build runs",
+        {{"version", FLASHDRAFT_VERSION}, {"commit", FLASHDRAFT_COMMIT}, {"backend", backend}})
       .Set(1);
-  step_ = &BuildGauge()
-               .Name("flashdraft_step")
-               .Help("Committed training steps")
-               .Register(*registry_)
-               .Add({});
-  BuildGauge()
-      .Name("flashdraft_steps")
-      .Help("Training steps of the job")
-      .Register(*registry_)
-      .Add({})
-      .Set(static_cast<double>(total_steps));
-  loss_ = &BuildGauge()
-               .Name("flashdraft_loss")
-               .Help("Loss of the last committed step (the global batch's weighted CE)")
-               .Register(*registry_)
-               .Add({});
-  tau_ = &BuildGauge()
-              .Name("flashdraft_tau_estimate")
-              .Help("Acceptance length estimated from the last step's slot accuracies")
-              .Register(*registry_)
-              .Add({});
-  learning_rate_ = &BuildGauge()
-                        .Name("flashdraft_learning_rate")
-                        .Help("Learning rate of the last committed step")
-                        .Register(*registry_)
-                        .Add({});
-  auto& accuracy = BuildGauge()
-                       .Name("flashdraft_slot_accuracy")
-                       .Help("Top-1 accuracy of the last step's predictions at each block position")
-                       .Register(*registry_);
+  step_ = &gauge("flashdraft_step", "Committed training steps");
+  gauge("flashdraft_steps", "Training steps of the job").Set(static_cast<double>(total_steps));
+  loss_ =
+      &gauge("flashdraft_loss", "Loss of the last committed step (the global batch's weighted CE)");
+  tau_ = &gauge("flashdraft_tau_estimate",
+                "Acceptance length estimated from the last step's slot accuracies");
+  learning_rate_ = &gauge("flashdraft_learning_rate", "Learning rate of the last committed step");
   for (int k = 1; k < block_size; ++k) {
-    slot_accuracy_.push_back(&accuracy.Add({{"position", std::to_string(k)}}));
+    slot_accuracy_.push_back(
+        &gauge("flashdraft_slot_accuracy",
+               "Top-1 accuracy of the last step's predictions at each block position",
+               {{"position", std::to_string(k)}}));
   }
-  tokens_ = &BuildCounter()
-                 .Name("flashdraft_tokens_total")
-                 .Help("Predicted token positions trained on")
-                 .Register(*registry_)
-                 .Add({});
-  steps_ = &BuildCounter()
-                .Name("flashdraft_steps_total")
-                .Help("Steps committed by this coordinator process")
-                .Register(*registry_)
-                .Add({});
-  step_seconds_ = &BuildHistogram()
-                       .Name("flashdraft_step_duration_seconds")
-                       .Help("Wall time of a committed step at the coordinator")
-                       .Register(*registry_)
-                       .Add({}, SecondsBuckets());
-  auto& phases = BuildHistogram()
-                     .Name("flashdraft_phase_duration_seconds")
-                     .Help("Time of a step's phase, mean over the workers")
-                     .Register(*registry_);
+  tokens_ = &counter("flashdraft_tokens_total", "Predicted token positions trained on");
+  steps_ = &counter("flashdraft_steps_total", "Steps committed by this coordinator process");
+  step_seconds_ = &histogram("flashdraft_step_duration_seconds",
+                             "Wall time of a committed step at the coordinator");
   for (const char* phase : {"wait", "forward", "backward", "allreduce", "optimizer"}) {
-    phase_seconds_.push_back(&phases.Add({{"phase", phase}}, SecondsBuckets()));
+    phase_seconds_.push_back(&histogram("flashdraft_phase_duration_seconds",
+                                        "Time of a step's phase, mean over the workers",
+                                        {{"phase", phase}}));
   }
-  workers_training_ = &BuildGauge()
-                           .Name("flashdraft_workers")
-                           .Help("Workers by state")
-                           .Register(*registry_)
-                           .Add({{"state", "training"}});
-  membership_epoch_ = &BuildGauge()
-                           .Name("flashdraft_membership_epoch")
-                           .Help("Membership epoch (changes when a worker joins or is lost)")
-                           .Register(*registry_)
-                           .Add({});
-  worker_failures_ = &BuildCounter()
-                          .Name("flashdraft_worker_failures_total")
-                          .Help("Workers lost or failed")
-                          .Register(*registry_)
-                          .Add({});
-  stream_bytes_ = &BuildCounter()
-                       .Name("flashdraft_stream_bytes_total")
-                       .Help("Bytes of microbatches queued on the workers' Train streams")
-                       .Register(*registry_)
-                       .Add({{"direction", "sent"}});
-  checkpoint_seconds_ = &BuildGauge()
-                             .Name("flashdraft_checkpoint_duration_seconds")
-                             .Help("Time the last checkpoint took (upload and write)")
-                             .Register(*registry_)
-                             .Add({});
-  checkpoint_last_success_ = &BuildGauge()
-                                  .Name("flashdraft_checkpoint_last_success_timestamp_seconds")
-                                  .Help("Unix time of the last checkpoint written")
-                                  .Register(*registry_)
-                                  .Add({});
+  workers_training_ = &gauge("flashdraft_workers", "Workers by state", {{"state", "training"}});
+  membership_epoch_ = &gauge("flashdraft_membership_epoch",
+                             "Membership epoch (changes when a worker joins or is lost)");
+  worker_failures_ = &counter("flashdraft_worker_failures_total", "Workers lost or failed");
+  stream_bytes_ = &counter("flashdraft_stream_bytes_total",
+                           "Bytes of microbatches queued on the workers' Train streams",
+                           {{"direction", "sent"}});
+  checkpoint_seconds_ = &gauge("flashdraft_checkpoint_duration_seconds",
+                               "Time the last checkpoint took (upload and write)");
+  checkpoint_last_success_ = &gauge("flashdraft_checkpoint_last_success_timestamp_seconds",
+                                    "Unix time of the last checkpoint written");
 }
 
 absl::StatusOr<int> CoordinatorMetrics::Serve(const std::string& listen) {
