@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
@@ -48,6 +49,20 @@ absl::Status SyncDirectory(const std::string& dir) {
   ::close(fd);
   if (rc != 0) return absl::InternalError(absl::StrCat(dir, ": fsync failed"));
   return absl::OkStatus();
+}
+
+// CRC-32C of a whole file, read in blocks (checkpoints can be many GB: never whole in memory).
+absl::StatusOr<uint32_t> FileCrc32c(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  std::vector<char> block(4 << 20);
+  uint32_t crc = 0;
+  while (in) {
+    in.read(block.data(), static_cast<std::streamsize>(block.size()));
+    crc = Crc32cExtend(crc, block.data(), static_cast<size_t>(in.gcount()));
+  }
+  if (in.bad()) return absl::InternalError(absl::StrCat(path, ": read failed"));
+  return crc;
 }
 
 // Checkpoints under `root`, oldest first.
@@ -142,8 +157,7 @@ absl::StatusOr<std::optional<CheckpointInfo>> CheckpointStore::Latest() const {
     if (!manifest["files"].contains(file) || !manifest["files"][file].is_number_unsigned()) {
       return absl::DataLossError(absl::StrCat(manifest_path, ": no CRC for ", file));
     }
-    FD_ASSIGN_OR_RETURN(const std::string bytes, ReadFile(path));
-    const uint32_t crc = Crc32c(bytes.data(), bytes.size());
+    FD_ASSIGN_OR_RETURN(const uint32_t crc, FileCrc32c(path));
     if (crc != manifest["files"][file].get<uint64_t>()) {
       return absl::DataLossError(absl::StrCat(path, ": CRC-32C ", crc, " does not match ",
                                               manifest_path, " (", manifest["files"][file].dump(),

@@ -99,15 +99,16 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> FetchTensors(
 
 // Sets the drafter's frozen tensors and its starting weights from what FetchTensors sent: every
 // parameter must come, with its shape, and nothing else under the weight prefix.
-absl::Status LoadFetchedModel(DrafterImpl& drafter, std::map<std::string, torch::Tensor>& fetched) {
+absl::Status LoadFetchedModel(DrafterImpl& drafter,
+                              const std::map<std::string, torch::Tensor>& fetched) {
   auto embed = fetched.find("embed_tokens.weight");
   if (embed == fetched.end())
     return absl::DataLossError("the coordinator sent no embed_tokens.weight");
   auto head = fetched.find("lm_head.weight");
   drafter.SetFrozen(embed->second, head != fetched.end() ? head->second : embed->second);
   torch::NoGradGuard no_grad;
-  size_t loaded = 0;
-  for (auto& item : drafter.named_parameters()) {
+  auto params = drafter.named_parameters();
+  for (auto& item : params) {
     const std::string name = kDrafterWeightPrefix + item.key();
     auto it = fetched.find(name);
     if (it == fetched.end()) {
@@ -121,17 +122,15 @@ absl::Status LoadFetchedModel(DrafterImpl& drafter, std::map<std::string, torch:
                                               ShapeString(item.value().sizes().vec())));
     }
     item.value().copy_(it->second);
-    ++loaded;
   }
   for (const auto& [name, tensor] : fetched) {
     if (absl::StartsWith(name, kDrafterWeightPrefix) &&
-        !drafter.named_parameters().contains(name.substr(std::strlen(kDrafterWeightPrefix)))) {
+        !params.contains(name.substr(std::strlen(kDrafterWeightPrefix)))) {
       return absl::DataLossError(
           absl::StrCat("the coordinator sent a starting weight '", name,
                        "' that the drafter does not have (another drafter shape?)"));
     }
   }
-  if (loaded == 0) return absl::DataLossError("the coordinator sent no starting weights");
   return absl::OkStatus();
 }
 
