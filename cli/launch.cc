@@ -82,6 +82,12 @@ int Launch(const LaunchOptions& o) {
   }
   if (!o.out_dir.empty()) job->output_dir = o.out_dir;
   job->cluster.min_workers = job->cluster.max_workers = o.workers;
+  if (o.threads_per_worker > 0) job->train.intra_op_threads = o.threads_per_worker;
+  if (absl::Status s =
+          ValidateJobConfig(*job, absl::StrCat(o.job_path, " with --workers ", o.workers));
+      !s.ok()) {
+    return fail(std::string(s.message()));
+  }
   std::error_code ec;
   std::filesystem::create_directories(job->output_dir + "/logs", ec);
   if (ec) return fail(absl::StrCat("cannot create ", job->output_dir, "/logs: ", ec.message()));
@@ -189,8 +195,7 @@ int Launch(const LaunchOptions& o) {
   for (int r = 0; r < o.workers; ++r) {
     if (add_child(absl::StrCat("worker-", r),
                   {worker_bin, "--coordinator", absl::StrCat("127.0.0.1:", port), "--id",
-                   absl::StrCat("worker-", r), "--threads",
-                   std::to_string(o.threads_per_worker)}) == nullptr) {
+                   absl::StrCat("worker-", r)}) == nullptr) {
       signal_all(SIGTERM);
       return fail("cannot start a worker");
     }

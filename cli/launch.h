@@ -13,7 +13,7 @@ struct LaunchOptions {
   int workers = 2;
   std::string out_dir;  // overrides the job's output_dir
   std::vector<std::string> overrides;
-  int threads_per_worker = 1;
+  int threads_per_worker = 0;  // > 0: overrides train.intra_op_threads
 };
 
 int Launch(const LaunchOptions& options);

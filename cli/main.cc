@@ -166,8 +166,9 @@ int main(int argc, char** argv) {
   bool resume = false;
   launch->add_flag("--resume", resume,
                    "start from the newest checkpoint when there is one (checkpoint.resume=true)");
-  launch->add_option("--threads", launch_options.threads_per_worker, "intra-op threads per worker")
-      ->capture_default_str();
+  launch->add_option(
+      "--threads", launch_options.threads_per_worker,
+      "intra-op threads of every worker (default: the job's train.intra_op_threads)");
 
   CLI::App* shards = app.add_subcommand(
       "make-shards", "Write a synthetic learnable data set as offline shards (demo, tests)");

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
@@ -198,6 +199,8 @@ const std::vector<Field>& Fields() {
       FD_FIELD(train, max_steps, int64_t, AtLeast<int64_t>(0)),
       FD_FIELD(train, global_batch_size, int, Between(1, 1 << 20)),
       FD_FIELD(train, intra_op_threads, int, Between(1, 1024)),
+      FD_FIELD(train, deterministic_reduction, bool),
+      FD_FIELD(train, virtual_shards, int, Between(0, 1 << 16)),
 
       FD_FIELD(cluster, listen, std::string),
       FD_FIELD(cluster, min_workers, int, Between(1, 100000)),
@@ -277,6 +280,17 @@ std::optional<double> DefaultLossDecayGamma(int block_size) {
 
 absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
   if (c.output_dir.empty()) return Invalid(source, "output_dir", "must not be empty");
+  if (c.train.virtual_shards > 0 && !c.train.deterministic_reduction) {
+    return Invalid(source, "train.virtual_shards",
+                   absl::StrCat("= ", c.train.virtual_shards,
+                                " needs train.deterministic_reduction: true (the plain all-reduce "
+                                "computes one shard per worker)"));
+  }
+  if (c.train.virtual_shards > 0 && c.train.virtual_shards < c.cluster.max_workers) {
+    return Invalid(source, "train.virtual_shards",
+                   absl::StrCat("= ", c.train.virtual_shards, " is below cluster.max_workers = ",
+                                c.cluster.max_workers, ": every worker needs at least one shard"));
+  }
   if (c.cluster.max_workers < c.cluster.min_workers) {
     return Invalid(source, "cluster.max_workers",
                    absl::StrCat("= ", c.cluster.max_workers,
@@ -328,6 +342,12 @@ absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
     return Invalid(source, "security.tls_ca", "needs security.tls_cert and security.tls_key");
   }
   return absl::OkStatus();
+}
+
+int64_t EffectiveVirtualShards(const JobConfig& c) {
+  if (!c.train.deterministic_reduction) return 0;
+  if (c.train.virtual_shards > 0) return c.train.virtual_shards;
+  return std::max(8, c.cluster.max_workers);
 }
 
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::string& source) {

@@ -65,7 +65,18 @@ struct TrainConfig {
   int64_t max_steps = 0;
   // Samples per global step, split across workers by tokens.
   int global_batch_size = 32;
+  // LibTorch intra-op threads of every worker. One value for the whole job: some CPU reductions
+  // (the gradient norm, RMSNorm weight gradients) split their sums by thread count.
   int intra_op_threads = 1;
+  // Sum gradients by a fixed tree over virtual shards (see virtual_shards): every step's numbers
+  // are then the same to the bit on any number of workers. false: Gloo's all-reduce, one shard per
+  // worker (summation order, and so the last bits, depend on the world size).
+  bool deterministic_reduction = true;
+  // K, the fixed number of pieces each global batch is cut into (each is one forward/backward on
+  // some worker, the same bytes whoever runs it). 0: 8, or cluster.max_workers when that is
+  // larger. Must be >= cluster.max_workers; changing it changes the numbers (another summation
+  // tree, other batch shapes).
+  int virtual_shards = 0;
 };
 
 struct ClusterConfig {
@@ -126,6 +137,10 @@ absl::Status ApplyOverride(JobConfig& config, const std::string& assignment);
 
 // Checks cross-field rules (also run by the loaders).
 absl::Status ValidateJobConfig(const JobConfig& config, const std::string& source);
+
+// The number of virtual shards per step (train.virtual_shards after its default), or 0 when the
+// job sums with the plain all-reduce (one shard per worker).
+int64_t EffectiveVirtualShards(const JobConfig& config);
 
 // Canonical YAML of the whole config, with every field (what a coordinator sends to workers).
 std::string JobConfigToYaml(const JobConfig& config);

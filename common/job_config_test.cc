@@ -40,6 +40,27 @@ TEST(JobConfigTest, DefaultsFollowDFlash) {
   EXPECT_EQ(DefaultLossDecayGamma(12), std::nullopt);
 }
 
+// The deterministic reduction is the default, with 8 virtual shards or one per possible worker.
+TEST(JobConfigTest, VirtualShardsDefaultAndLimits) {
+  auto config = ParseJobConfig(kMinimal, "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->train.deterministic_reduction);
+  EXPECT_EQ(EffectiveVirtualShards(*config), 8);
+  config->cluster.max_workers = 12;
+  EXPECT_EQ(EffectiveVirtualShards(*config), 12);
+  config->train.virtual_shards = 16;
+  EXPECT_EQ(EffectiveVirtualShards(*config), 16);
+  config->train.deterministic_reduction = false;
+  EXPECT_EQ(EffectiveVirtualShards(*config), 0);
+  EXPECT_THAT(std::string(ValidateJobConfig(*config, "job.yaml").message()),
+              HasSubstr("job.yaml: field 'train.virtual_shards' = 16 needs "
+                        "train.deterministic_reduction: true"));
+  config->train.deterministic_reduction = true;
+  config->train.virtual_shards = 4;
+  EXPECT_THAT(std::string(ValidateJobConfig(*config, "job.yaml").message()),
+              HasSubstr("field 'train.virtual_shards' = 4 is below cluster.max_workers = 12"));
+}
+
 TEST(JobConfigTest, YamlRoundTrip) {
   auto config = LoadJobConfig(FLASHDRAFT_SOURCE_DIR "/deploy/examples/job.yaml");
   ASSERT_TRUE(config.ok());

@@ -19,6 +19,7 @@
 #include "common/file_util.h"
 #include "common/grpc_status.h"
 #include "common/queued_writer.h"
+#include "common/shard_tree.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
@@ -327,6 +328,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   so.max_anchors = j.drafter.max_anchors;
   so.gamma = c->gamma_;
   so.max_seq_len = j.data.max_seq_len;
+  so.virtual_shards = EffectiveVirtualShards(j);
   c->scheduler_ = std::make_unique<Scheduler>(*c->source_, so);
   c->world_size_ = j.cluster.min_workers;
   c->total_steps_ = j.train.max_steps > 0
@@ -647,80 +649,90 @@ void Coordinator::FillStatus(v1::StatusReply* reply) const {
 }
 
 absl::Status Coordinator::SendStep(const StepPlan& plan) {
-  const uint64_t step = plan.step;
   const double lr = CosineLearningRate(job_.train.learning_rate, warmup_steps_, total_steps_,
-                                       static_cast<int64_t>(step));
+                                       static_cast<int64_t>(plan.step));
   for (int rank = 0; rank < world_size_; ++rank) {
-    const MicrobatchPlan& mb = plan.microbatches[rank];
-    std::vector<grpc::ByteBuffer> messages;
-    v1::CoordinatorMessage header;
-    v1::Microbatch* m = header.mutable_microbatch();
-    m->set_step(step);
-    m->set_membership_epoch(1);
-    m->set_rank(rank);
-    m->set_world_size(world_size_);
-    m->set_global_weight_sum(plan.global_weight_sum);
-    m->set_learning_rate(lr);
-    m->set_num_tensors(4);
-    messages.push_back(MessageToBuffer(header));
-
-    // Right-padded [b, S] batch of this rank's samples, their features and anchors. The buffers
-    // are shared with gRPC, which sends slices of them and releases them once written.
-    const int64_t b = static_cast<int64_t>(mb.samples.size());
-    int64_t s = 1;
-    for (int64_t len : mb.lengths) s = std::max(s, len);
-    const int64_t f = source_->feature_size();
-    const size_t fbytes = ElementSize(source_->feature_dtype());
-    auto ids = std::make_shared<std::vector<int64_t>>(b * s, 0);
-    auto mask = std::make_shared<std::vector<uint8_t>>(b * s, 0);
-    // The features are packed by a ChunkCrcWriter: one pass copies, pads and checksums them.
-    const size_t feats_bytes = static_cast<size_t>(b * s * f) * fbytes;
-    std::shared_ptr<uint8_t[]> feats(new uint8_t[std::max<size_t>(feats_bytes, 1)]);
-    ChunkCrcWriter feats_writer(feats.get(), feats_bytes, kDefaultMaxChunkBytes);
-    std::vector<std::vector<int64_t>> anchors(b);
-    int64_t n = 1;
-    for (int64_t i = 0; i < b; ++i) {
-      FD_ASSIGN_OR_RETURN(Sample sample, source_->Get(mb.samples[i]));
-      scheduler_->Truncate(sample);
-      const int64_t len = sample.length();
-      std::copy(sample.input_ids.begin(), sample.input_ids.end(), ids->begin() + i * s);
-      for (int64_t t = 0; t < len; ++t) (*mask)[i * s + t] = sample.loss_mask[t] != 0;
-      FD_RETURN_IF_ERROR(feats_writer.Copy(sample.features, len * f * fbytes));
-      FD_RETURN_IF_ERROR(feats_writer.Zero((s - len) * f * fbytes));
-      anchors[i] = scheduler_->Anchors(sample, step);
-      n = std::max<int64_t>(n, static_cast<int64_t>(anchors[i].size()));
+    for (int64_t shard = plan.shard_offsets[rank]; shard < plan.shard_offsets[rank + 1]; ++shard) {
+      std::vector<grpc::ByteBuffer> messages;
+      FD_RETURN_IF_ERROR(EncodeShard(plan, shard, rank, lr, &messages));
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = sessions_.find(rank);
+      if (it == sessions_.end()) {
+        return absl::UnavailableError(absl::StrCat("worker rank ", rank, " is gone"));
+      }
+      uint64_t bytes = 0;
+      for (grpc::ByteBuffer& msg : messages) {
+        bytes += msg.Length();
+        it->second->Send(std::move(msg));
+      }
+      metrics_->AddStreamBytes(bytes);
     }
-    auto anchor_matrix = std::make_shared<std::vector<int64_t>>(b * n, -1);
-    for (int64_t i = 0; i < b; ++i) {
-      std::copy(anchors[i].begin(), anchors[i].end(), anchor_matrix->begin() + i * n);
-    }
-    const int field = kCoordinatorMessageChunkField;
-    FD_RETURN_IF_ERROR(EncodeTensorBuffers({"input_ids", DType::kI64, {b, s}}, ids->data(),
-                                           ids->size() * 8, kDefaultMaxChunkBytes, ids, field,
-                                           &messages));
-    FD_RETURN_IF_ERROR(EncodeTensorBuffers({"loss_mask", DType::kU8, {b, s}}, mask->data(),
-                                           mask->size(), kDefaultMaxChunkBytes, mask, field,
-                                           &messages));
-    FD_ASSIGN_OR_RETURN(const std::vector<uint32_t> feats_crcs, feats_writer.Finish());
-    FD_RETURN_IF_ERROR(EncodeTensorBuffers({"hidden_states", source_->feature_dtype(), {b, s, f}},
-                                           feats.get(), feats_bytes, kDefaultMaxChunkBytes, feats,
-                                           field, &messages, feats_crcs));
-    FD_RETURN_IF_ERROR(EncodeTensorBuffers({"anchors", DType::kI64, {b, n}}, anchor_matrix->data(),
-                                           anchor_matrix->size() * 8, kDefaultMaxChunkBytes,
-                                           anchor_matrix, field, &messages));
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = sessions_.find(rank);
-    if (it == sessions_.end()) {
-      return absl::UnavailableError(absl::StrCat("worker rank ", rank, " is gone"));
-    }
-    uint64_t bytes = 0;
-    for (grpc::ByteBuffer& msg : messages) {
-      bytes += msg.Length();
-      it->second->Send(std::move(msg));
-    }
-    metrics_->AddStreamBytes(bytes);
   }
   return absl::OkStatus();
+}
+
+absl::Status Coordinator::EncodeShard(const StepPlan& plan, int64_t shard, int rank, double lr,
+                                      std::vector<grpc::ByteBuffer>* messages) {
+  const uint64_t step = plan.step;
+  const MicrobatchPlan& mb = plan.shards[shard];
+  v1::CoordinatorMessage header;
+  v1::Microbatch* m = header.mutable_microbatch();
+  m->set_step(step);
+  m->set_membership_epoch(1);
+  m->set_rank(rank);
+  m->set_world_size(world_size_);
+  m->set_global_weight_sum(plan.global_weight_sum);
+  m->set_learning_rate(lr);
+  m->set_num_tensors(4);
+  m->set_shard(static_cast<uint32_t>(shard));
+  m->set_num_shards(static_cast<uint32_t>(plan.shards.size()));
+  for (int64_t offset : plan.shard_offsets) m->add_shard_offsets(static_cast<uint32_t>(offset));
+  messages->push_back(MessageToBuffer(header));
+
+  // Right-padded [b, S] batch of the shard's samples, their features and anchors. The buffers are
+  // shared with gRPC, which sends slices of them and releases them once written.
+  const int64_t b = static_cast<int64_t>(mb.samples.size());
+  int64_t s = 1;
+  for (int64_t len : mb.lengths) s = std::max(s, len);
+  const int64_t f = source_->feature_size();
+  const size_t fbytes = ElementSize(source_->feature_dtype());
+  auto ids = std::make_shared<std::vector<int64_t>>(b * s, 0);
+  auto mask = std::make_shared<std::vector<uint8_t>>(b * s, 0);
+  // The features are packed by a ChunkCrcWriter: one pass copies, pads and checksums them.
+  const size_t feats_bytes = static_cast<size_t>(b * s * f) * fbytes;
+  std::shared_ptr<uint8_t[]> feats(new uint8_t[std::max<size_t>(feats_bytes, 1)]);
+  ChunkCrcWriter feats_writer(feats.get(), feats_bytes, kDefaultMaxChunkBytes);
+  std::vector<std::vector<int64_t>> anchors(b);
+  int64_t n = 1;
+  for (int64_t i = 0; i < b; ++i) {
+    FD_ASSIGN_OR_RETURN(Sample sample, source_->Get(mb.samples[i]));
+    scheduler_->Truncate(sample);
+    const int64_t len = sample.length();
+    std::copy(sample.input_ids.begin(), sample.input_ids.end(), ids->begin() + i * s);
+    for (int64_t t = 0; t < len; ++t) (*mask)[i * s + t] = sample.loss_mask[t] != 0;
+    FD_RETURN_IF_ERROR(feats_writer.Copy(sample.features, len * f * fbytes));
+    FD_RETURN_IF_ERROR(feats_writer.Zero((s - len) * f * fbytes));
+    anchors[i] = scheduler_->Anchors(sample, step);
+    n = std::max<int64_t>(n, static_cast<int64_t>(anchors[i].size()));
+  }
+  auto anchor_matrix = std::make_shared<std::vector<int64_t>>(b * n, -1);
+  for (int64_t i = 0; i < b; ++i) {
+    std::copy(anchors[i].begin(), anchors[i].end(), anchor_matrix->begin() + i * n);
+  }
+  const int field = kCoordinatorMessageChunkField;
+  FD_RETURN_IF_ERROR(EncodeTensorBuffers({"input_ids", DType::kI64, {b, s}}, ids->data(),
+                                         ids->size() * 8, kDefaultMaxChunkBytes, ids, field,
+                                         messages));
+  FD_RETURN_IF_ERROR(EncodeTensorBuffers({"loss_mask", DType::kU8, {b, s}}, mask->data(),
+                                         mask->size(), kDefaultMaxChunkBytes, mask, field,
+                                         messages));
+  FD_ASSIGN_OR_RETURN(const std::vector<uint32_t> feats_crcs, feats_writer.Finish());
+  FD_RETURN_IF_ERROR(EncodeTensorBuffers({"hidden_states", source_->feature_dtype(), {b, s, f}},
+                                         feats.get(), feats_bytes, kDefaultMaxChunkBytes, feats,
+                                         field, messages, feats_crcs));
+  return EncodeTensorBuffers({"anchors", DType::kI64, {b, n}}, anchor_matrix->data(),
+                             anchor_matrix->size() * 8, kDefaultMaxChunkBytes, anchor_matrix, field,
+                             messages);
 }
 
 absl::Status Coordinator::WaitForAcks(uint64_t step) {
@@ -741,7 +753,7 @@ absl::Status Coordinator::WaitForAcks(uint64_t step) {
   }
 }
 
-StepRecord Coordinator::Aggregate(uint64_t step, double seconds) {
+absl::StatusOr<StepRecord> Coordinator::Aggregate(uint64_t step, double seconds) {
   std::map<int, v1::StepAck> acks;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -757,13 +769,26 @@ StepRecord Coordinator::Aggregate(uint64_t step, double seconds) {
   const size_t slots = static_cast<size_t>(job_.drafter.block_size - 1);
   r.slot_correct.assign(slots, 0);
   r.slot_total.assign(slots, 0);
+  // Every shard's result exactly once, from the rank that computed it; summed in shard order so
+  // that the record does not depend on which rank computed what.
+  const int64_t num_shards = scheduler_->num_shards(world_size_);
+  const std::vector<int64_t> offsets = ShardOffsets(num_shards, world_size_);
+  std::vector<const v1::ShardResult*> results(num_shards, nullptr);
   for (const auto& [rank, ack] : acks) {
-    r.weighted_loss_sum += ack.weighted_loss_sum();
-    r.weight_sum += ack.weight_sum();
-    r.tokens += static_cast<int64_t>(ack.tokens());
-    for (size_t k = 0; k < slots && k < static_cast<size_t>(ack.slot_correct_size()); ++k) {
-      r.slot_correct[k] += ack.slot_correct(k);
-      r.slot_total[k] += ack.slot_total(k);
+    for (const v1::ShardResult& shard : ack.shards()) {
+      const int64_t k = shard.shard();
+      if (k < offsets[rank] || k >= offsets[rank + 1] || results[k] != nullptr) {
+        return absl::DataLossError(absl::StrCat(
+            "worker rank ", rank, " acked shard ", k, " of step ", step, ", which is not its own (",
+            offsets[rank], "..", offsets[rank + 1] - 1, ") or was acked twice"));
+      }
+      if (static_cast<size_t>(shard.slot_correct_size()) != slots ||
+          static_cast<size_t>(shard.slot_total_size()) != slots) {
+        return absl::DataLossError(absl::StrCat("worker rank ", rank, " acked shard ", k,
+                                                " of step ", step, " with ",
+                                                shard.slot_total_size(), " slots, not ", slots));
+      }
+      results[k] = &shard;
     }
     const v1::PhaseTimings& t = ack.timings();
     r.wait_seconds += t.wait_seconds() / world_size_;
@@ -772,6 +797,20 @@ StepRecord Coordinator::Aggregate(uint64_t step, double seconds) {
     r.allreduce_seconds += t.allreduce_seconds() / world_size_;
     r.optimizer_seconds += t.optimizer_seconds() / world_size_;
     r.max_wait_seconds = std::max(r.max_wait_seconds, t.wait_seconds());
+    r.collective_bytes += ack.collective_bytes();
+  }
+  for (int64_t k = 0; k < num_shards; ++k) {
+    if (results[k] == nullptr) {
+      return absl::DataLossError(absl::StrCat("no worker acked shard ", k, " of step ", step));
+    }
+    const v1::ShardResult& shard = *results[k];
+    r.weighted_loss_sum += shard.weighted_loss_sum();
+    r.weight_sum += shard.weight_sum();
+    r.tokens += static_cast<int64_t>(shard.tokens());
+    for (size_t i = 0; i < slots; ++i) {
+      r.slot_correct[i] += shard.slot_correct(i);
+      r.slot_total[i] += shard.slot_total(i);
+    }
   }
   r.loss = r.weight_sum > 0 ? r.weighted_loss_sum / r.weight_sum : 0.0;
   return r;
@@ -785,6 +824,7 @@ void Coordinator::WriteRecord(const StepRecord& r) {
                       {"tau_estimate", r.TauEstimate()},
                       {"slot_accuracy", r.SlotAccuracy()},
                       {"weight_sum", r.weight_sum},
+                      {"collective_bytes", r.collective_bytes},
                       {"learning_rate", r.learning_rate},
                       {"step_seconds", r.step_seconds},
                       {"timings",
@@ -836,7 +876,7 @@ absl::Status Coordinator::Run() {
       if (sent < total_steps_) {
         next_plan = scheduler_->Plan(static_cast<uint64_t>(sent), world_size_);
         std::vector<uint64_t> next;
-        for (const MicrobatchPlan& mb : next_plan->microbatches) {
+        for (const MicrobatchPlan& mb : next_plan->shards) {
           next.insert(next.end(), mb.samples.begin(), mb.samples.end());
         }
         source_->Prefetch(next);
@@ -854,7 +894,12 @@ absl::Status Coordinator::Run() {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto& [rank, session] : sessions_) session->Send(bytes);
     }
-    StepRecord r = Aggregate(step, Now() - step_start);
+    absl::StatusOr<StepRecord> aggregated = Aggregate(step, Now() - step_start);
+    if (!aggregated.ok()) {
+      result = aggregated.status();
+      break;
+    }
+    const StepRecord& r = *aggregated;
     if (checkpoint) {
       // The run loop waits; the workers do not (they have the next steps queued).
       result = TakeCheckpoint(static_cast<uint64_t>(step + 1));

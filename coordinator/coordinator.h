@@ -24,8 +24,9 @@
 #include "model/drafter_config.h"
 
 namespace grpc {
+class ByteBuffer;
 class Server;
-}
+}  // namespace grpc
 
 namespace flashdraft {
 
@@ -47,6 +48,7 @@ struct StepRecord {
   int64_t tokens = 0;
   int world_size = 0;
   std::vector<int64_t> slot_correct, slot_total;
+  uint64_t collective_bytes = 0;  // gradient bytes the workers sent each other
   double wait_seconds = 0, forward_seconds = 0, backward_seconds = 0, allreduce_seconds = 0,
          optimizer_seconds = 0;  // mean over ranks
   double max_wait_seconds = 0;
@@ -120,8 +122,13 @@ class Coordinator {
  private:
   Coordinator() = default;
   absl::Status SendStep(const StepPlan& plan);
+  // The Microbatch header and tensor chunks of one shard of `plan`, for `rank`.
+  absl::Status EncodeShard(const StepPlan& plan, int64_t shard, int rank, double learning_rate,
+                           std::vector<grpc::ByteBuffer>* messages);
   absl::Status WaitForAcks(uint64_t step);
-  StepRecord Aggregate(uint64_t step, double seconds);
+  // The step's record from every rank's ack; an error when a shard is missing, doubled or acked
+  // by a rank that does not own it.
+  absl::StatusOr<StepRecord> Aggregate(uint64_t step, double seconds);
   void WriteRecord(const StepRecord& r);
   // Waits for rank 0's upload of the state after `completed_steps` and writes the checkpoint.
   absl::Status TakeCheckpoint(uint64_t completed_steps);

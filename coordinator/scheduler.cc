@@ -5,6 +5,7 @@
 #include <numeric>
 #include <random>
 
+#include "common/shard_tree.h"
 #include "glog/logging.h"
 
 namespace flashdraft {
@@ -91,11 +92,15 @@ StepPlan Scheduler::Plan(uint64_t step, int world_size) const {
   }
   std::vector<int64_t> lengths;
   for (const Sample& s : kept) lengths.push_back(s.length());
-  plan.microbatches.resize(world_size);
-  const auto bins = PackByTokens(lengths, world_size);
-  for (int r = 0; r < world_size; ++r) {
-    MicrobatchPlan& mb = plan.microbatches[r];
-    for (size_t item : bins[r]) {
+  const int64_t num_shards = this->num_shards(world_size);
+  CHECK_GE(num_shards, world_size) << "fewer virtual shards than workers";
+  plan.shards.resize(num_shards);
+  plan.shard_offsets = ShardOffsets(num_shards, world_size);
+  const auto bins = PackByTokens(lengths, static_cast<int>(num_shards));
+  // Σw in shard order, each shard's in sample order: the same double whatever W is.
+  for (int64_t k = 0; k < num_shards; ++k) {
+    MicrobatchPlan& mb = plan.shards[k];
+    for (size_t item : bins[k]) {
       const Sample& s = kept[item];
       mb.samples.push_back(s.index);
       mb.lengths.push_back(s.length());

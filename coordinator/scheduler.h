@@ -1,8 +1,11 @@
 // The coordinator's schedule (DESIGN.md §2): global step s takes the next global batch in the
 // (seed, epoch) order, drops samples with fewer than 2·B loss tokens, truncates to max_seq_len,
-// packs the batch into W token-balanced microbatches, draws every sample's anchors from (seed,
-// step, sample) and computes Σw. Everything is a pure function of (seed, step, W) and the data, so
-// any step can be planned again verbatim (re-issue, resume) and the loss does not depend on W.
+// packs the batch into K token-balanced virtual shards, draws every sample's anchors from (seed,
+// step, sample) and computes Σw; rank r of W computes the contiguous shards [offsets[r],
+// offsets[r+1]). With train.virtual_shards set, K is fixed and the shards — what each forward and
+// backward sees, to the byte — do not depend on W (only their assignment to ranks does); without
+// it K = W, one shard per rank. Everything is a pure function of (seed, step, K, W) and the data,
+// so any step can be planned again verbatim (re-issue, resume).
 #pragma once
 
 #include <cstdint>
@@ -21,8 +24,11 @@ struct SchedulerOptions {
   int64_t max_anchors = 512;
   double gamma = 7.0;
   int64_t max_seq_len = 3072;
+  // K, the fixed number of virtual shards per step; 0: one shard per rank (K = W).
+  int64_t virtual_shards = 0;
 };
 
+// One virtual shard: the samples one forward/backward computes.
 struct MicrobatchPlan {
   std::vector<uint64_t> samples;  // source indices, in the order they are batched
   std::vector<int64_t> lengths;   // after truncation
@@ -35,7 +41,8 @@ struct StepPlan {
   uint64_t epoch = 0;
   double global_weight_sum = 0;
   int64_t tokens = 0;
-  std::vector<MicrobatchPlan> microbatches;  // one per rank
+  std::vector<MicrobatchPlan> shards;  // K, in shard order
+  std::vector<int64_t> shard_offsets;  // W + 1: rank r computes [shard_offsets[r], [r+1])
 };
 
 // Longest-processing-time bin packing: items sorted by size (ties by index), each to the lightest
@@ -51,7 +58,11 @@ class Scheduler {
  public:
   Scheduler(const HiddenStateSource& source, SchedulerOptions options);
 
+  // K >= W is required (each rank computes at least one shard).
   StepPlan Plan(uint64_t step, int world_size) const;
+  int64_t num_shards(int world_size) const {
+    return options_.virtual_shards > 0 ? options_.virtual_shards : world_size;
+  }
   // Anchors of one sample at one step (what the worker gets), after truncation.
   std::vector<int64_t> Anchors(const Sample& sample, uint64_t step) const;
   uint64_t steps_per_epoch() const;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <set>
@@ -15,6 +16,7 @@
 namespace flashdraft {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 TEST(PackByTokensTest, BalancesTokensNotSamples) {
@@ -144,23 +146,55 @@ TEST(SchedulerTest, PlansAreDeterministicAndIndependentOfWorldSize) {
   for (uint64_t step : {0, 1, 5}) {
     StepPlan one = scheduler.Plan(step, 1), two = scheduler.Plan(step, 2),
              three = scheduler.Plan(step, 3), again = scheduler.Plan(step, 2);
-    std::multiset<uint64_t> s1(one.microbatches[0].samples.begin(),
-                               one.microbatches[0].samples.end());
+    std::multiset<uint64_t> s1(one.shards[0].samples.begin(), one.shards[0].samples.end());
     std::multiset<uint64_t> s2;
-    for (const auto& mb : two.microbatches) s2.insert(mb.samples.begin(), mb.samples.end());
+    for (const auto& mb : two.shards) s2.insert(mb.samples.begin(), mb.samples.end());
     EXPECT_EQ(s1, s2);
     EXPECT_NEAR(one.global_weight_sum, two.global_weight_sum, 1e-9);
     EXPECT_NEAR(one.global_weight_sum, three.global_weight_sum, 1e-9);
-    EXPECT_EQ(two.microbatches[0].samples, again.microbatches[0].samples);
+    EXPECT_EQ(two.shards[0].samples, again.shards[0].samples);
     EXPECT_EQ(one.tokens, two.tokens);
-    for (const auto& mb : one.microbatches) {
+    EXPECT_THAT(three.shard_offsets, ElementsAre(0, 1, 2, 3));
+    for (const auto& mb : one.shards) {
       for (int64_t len : mb.lengths) EXPECT_LE(len, 64);  // truncated to max_seq_len
     }
   }
   // Sample 3 has no loss tokens: never scheduled.
   for (uint64_t step = 0; step < 8; ++step) {
-    for (const auto& mb : scheduler.Plan(step, 2).microbatches) {
+    for (const auto& mb : scheduler.Plan(step, 2).shards) {
       EXPECT_EQ(std::count(mb.samples.begin(), mb.samples.end(), 3u), 0);
+    }
+  }
+}
+
+// With train.virtual_shards the shards are the same whatever W is — samples, order, lengths and
+// Σw to the bit — and only their assignment to ranks changes.
+TEST(SchedulerTest, VirtualShardsDoNotDependOnWorldSize) {
+  auto d = MakeData(30, 4);
+  SchedulerOptions o;
+  o.seed = 5;
+  o.global_batch_size = 7;
+  o.block_size = 8;
+  o.max_anchors = 10;
+  o.gamma = 4.0;
+  o.max_seq_len = 64;
+  o.virtual_shards = 4;
+  Scheduler scheduler(*d->source, o);
+  for (uint64_t step : {0, 3}) {
+    const StepPlan one = scheduler.Plan(step, 1);
+    ASSERT_EQ(one.shards.size(), 4u);
+    EXPECT_THAT(one.shard_offsets, ElementsAre(0, 4));
+    for (int world : {2, 3, 4}) {
+      const StepPlan other = scheduler.Plan(step, world);
+      ASSERT_EQ(other.shards.size(), 4u);
+      for (size_t k = 0; k < 4; ++k) {
+        EXPECT_EQ(other.shards[k].samples, one.shards[k].samples)
+            << "W " << world << " shard " << k;
+        EXPECT_EQ(other.shards[k].lengths, one.shards[k].lengths);
+        EXPECT_EQ(std::memcmp(&other.shards[k].weight_sum, &one.shards[k].weight_sum, 8), 0);
+      }
+      EXPECT_EQ(std::memcmp(&other.global_weight_sum, &one.global_weight_sum, 8), 0);
+      EXPECT_EQ(other.shard_offsets.size(), static_cast<size_t>(world + 1));
     }
   }
 }

@@ -8,7 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh
+# Only what the demo runs (the tests and benchmarks are scripts/test.sh's).
+FLASHDRAFT_TARGETS="flashdraft flashdraft-coordinator flashdraft-worker" scripts/build.sh
 echo
 echo "== flashdraft make-tiny-target --out runs/tiny-target"
 build/bin/flashdraft make-tiny-target --out runs/tiny-target

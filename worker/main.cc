@@ -1,4 +1,5 @@
-// flashdraft-worker --coordinator HOST:PORT [--id NAME] [--threads N]
+// flashdraft-worker --coordinator HOST:PORT [--id NAME]
+// (intra-op threads come from the job: train.intra_op_threads, one value for every worker)
 #include <CLI/CLI.hpp>
 #include <iostream>
 
@@ -13,7 +14,6 @@ int main(int argc, char** argv) {
   flashdraft::WorkerOptions options;
   app.add_option("--coordinator", options.coordinator, "coordinator address host:port")->required();
   app.add_option("--id", options.worker_id, "worker name (default host:pid)");
-  app.add_option("--threads", options.threads, "intra-op threads")->capture_default_str();
   app.add_option("--connect-timeout", options.connect_timeout_seconds,
                  "seconds to wait for the coordinator")
       ->capture_default_str();

@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/blocking_queue.h"
 #include "common/chunk_wire.h"
 #include "common/dtype.h"
@@ -219,10 +220,29 @@ absl::Status UploadCheckpoint(DrafterImpl& drafter, torch::optim::AdamW& optimiz
   return absl::OkStatus();
 }
 
+// The shard layout a step's first Microbatch announces must be the job's: K virtual shards
+// (train.virtual_shards) with the deterministic reduction, one shard per rank without it; rank
+// `rank` of `world` owns at least one.
+absl::Status CheckShardLayout(const v1::Microbatch& h, const std::vector<int64_t>& offsets,
+                              int rank, int world, int64_t virtual_shards) {
+  const int64_t want = virtual_shards > 0 ? virtual_shards : world;
+  bool ok = h.num_shards() == want && static_cast<int>(offsets.size()) == world + 1 &&
+            offsets.front() == 0 && offsets.back() == want &&
+            h.rank() == static_cast<uint32_t>(rank) &&
+            h.world_size() == static_cast<uint32_t>(world);
+  for (size_t r = 1; ok && r < offsets.size(); ++r) ok = offsets[r] > offsets[r - 1];
+  if (!ok || h.shard() != static_cast<uint32_t>(offsets[rank])) {
+    return absl::DataLossError(absl::StrCat(
+        "step ", h.step(), ": the coordinator's shard layout (shard ", h.shard(), " of ",
+        h.num_shards(), ", offsets [", absl::StrJoin(offsets, ", "), "], rank ", h.rank(), "/",
+        h.world_size(), ") is not this job's (", want, " shards, rank ", rank, "/", world, ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunWorker(const WorkerOptions& o) {
-  torch::set_num_threads(o.threads);
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -238,7 +258,6 @@ absl::Status RunWorker(const WorkerOptions& o) {
   join.mutable_capability()->set_hostname(host);
   join.mutable_capability()->set_device("cpu");
   join.mutable_capability()->set_backend("gloo");
-  join.mutable_capability()->set_intra_op_threads(o.threads);
   v1::JoinReply reply;
   {
     grpc::ClientContext ctx;
@@ -263,7 +282,10 @@ absl::Status RunWorker(const WorkerOptions& o) {
       ParseDrafterConfig(reply.drafter_config_json(), "the coordinator's drafter config"));
   const int rank = static_cast<int>(reply.rank()), world = static_cast<int>(reply.world_size());
   const std::string token = reply.session_token();
-  LOG(INFO) << "joined as rank " << rank << "/" << world;
+  // One thread count for the whole job (train.intra_op_threads): some reductions split by it.
+  torch::set_num_threads(job.train.intra_op_threads);
+  LOG(INFO) << "joined as rank " << rank << "/" << world << " with " << job.train.intra_op_threads
+            << " intra-op thread(s)";
 
   // --- Collective, rendezvous over the coordinator's store ---
   const auto timeout = std::chrono::milliseconds(
@@ -290,8 +312,11 @@ absl::Status RunWorker(const WorkerOptions& o) {
   opt.grad_clip_norm = job.train.grad_clip_norm;
   DrafterTrainer trainer(drafter, opt);
   FD_RETURN_IF_ERROR(LoadOptimizerState(*drafter, fetched, trainer.optimizer()));
-  GradientReducer reducer(params, collective.get(),
-                          static_cast<size_t>(job.cluster.allreduce_bucket_mib * (1 << 20)));
+  GradientReducerOptions reduction;
+  reduction.bucket_bytes = static_cast<size_t>(job.cluster.allreduce_bucket_mib * (1 << 20));
+  reduction.ordered = job.train.deterministic_reduction;
+  const int64_t virtual_shards = EffectiveVirtualShards(job);
+  GradientReducer reducer(params, collective.get(), reduction);
   const double gamma = job.drafter.loss_decay_gamma > 0
                            ? job.drafter.loss_decay_gamma
                            : DefaultLossDecayGamma(job.drafter.block_size).value_or(7.0);
@@ -394,19 +419,19 @@ absl::Status RunWorker(const WorkerOptions& o) {
   });
 
   absl::Status result;
-  std::deque<Item> batches;
+  std::deque<Item> batches;  // shards of later steps that arrived while waiting for a commit
+  auto next_item = [&] {
+    if (batches.empty()) return *queue.Pop();
+    Item item = std::move(batches.front());
+    batches.pop_front();
+    return item;
+  };
   double last_optimizer_seconds = 0;
   bool done = false;
   while (!done && result.ok()) {
     auto wait_start = Clock::now();
-    Item item;
-    if (!batches.empty()) {
-      item = std::move(batches.front());
-      batches.pop_front();
-    } else {
-      item = *queue.Pop();
-    }
-    const double wait = Since(wait_start);
+    Item item = next_item();
+    double wait = Since(wait_start);
     if (item.kind == Item::kShutdown) {
       LOG(INFO) << "shutdown: " << item.text;
       if (item.job_finished && rank == 0) {
@@ -421,33 +446,75 @@ absl::Status RunWorker(const WorkerOptions& o) {
       break;
     }
     if (item.kind != Item::kBatch) continue;
-    const v1::Microbatch& h = item.header;
+    // The step's layout, from its first shard: this rank computes [offsets[rank],
+    // offsets[rank+1]) in order.
+    const v1::Microbatch first = item.header;
+    const std::vector<int64_t> offsets(first.shard_offsets().begin(), first.shard_offsets().end());
+    result = CheckShardLayout(first, offsets, rank, world, virtual_shards);
+    if (!result.ok()) break;
+    if (reduction.ordered) {
+      result = reducer.BeginStep(first.num_shards(), offsets);
+      if (!result.ok()) break;
+    }
     v1::StepAck ack;
-    ack.set_step(h.step());
-    ack.set_membership_epoch(h.membership_epoch());
-    DrafterBatch batch{item.tensors["input_ids"], item.tensors["loss_mask"],
-                       item.tensors["hidden_states"], item.tensors["anchors"]};
-    auto t = Clock::now();
+    ack.set_step(first.step());
+    ack.set_membership_epoch(first.membership_epoch());
     double forward = 0, backward = 0;
-    // Gradients accumulate into the reducer's buckets, whose all-reduces start during backward.
-    reducer.Prepare();
-    if (batch.input_ids.defined() && batch.input_ids.size(0) > 0) {
-      DrafterLossResult r = drafter->Loss(batch, gamma, h.global_weight_sum());
-      forward = Since(t);
-      t = Clock::now();
-      r.loss.backward();
-      backward = Since(t);
-      ack.set_weighted_loss_sum(r.weighted_ce_sum);
-      ack.set_weight_sum(r.weight_sum);
-      ack.set_tokens(r.tokens);
-      for (size_t k = 0; k < r.slot_total.size(); ++k) {
-        ack.add_slot_correct(r.slot_correct[k]);
-        ack.add_slot_total(r.slot_total[k]);
+    for (int64_t shard = offsets[rank]; shard < offsets[rank + 1] && result.ok(); ++shard) {
+      if (shard > offsets[rank]) {
+        wait_start = Clock::now();
+        item = next_item();
+        wait += Since(wait_start);
+        if (item.kind != Item::kBatch) {
+          result = absl::UnavailableError(
+              item.kind == Item::kError ? item.text
+                                        : absl::StrCat("the step ended before its shard ", shard));
+          break;
+        }
+      }
+      const v1::Microbatch& h = item.header;
+      if (h.step() != first.step() || h.shard() != shard) {
+        result = absl::DataLossError(absl::StrCat("expected shard ", shard, " of step ",
+                                                  first.step(), ", the coordinator sent shard ",
+                                                  h.shard(), " of step ", h.step()));
+        break;
+      }
+      v1::ShardResult* out = ack.add_shards();
+      out->set_shard(static_cast<uint32_t>(shard));
+      for (int k = 1; k < job.drafter.block_size; ++k) {
+        out->add_slot_correct(0);
+        out->add_slot_total(0);
+      }
+      DrafterBatch batch{item.tensors["input_ids"], item.tensors["loss_mask"],
+                         item.tensors["hidden_states"], item.tensors["anchors"]};
+      // Gradients accumulate into the reducer's buckets, whose exchanges start during the last
+      // shard's backward.
+      reducer.Prepare();
+      if (!batch.input_ids.defined() || batch.input_ids.size(0) == 0) continue;
+      try {
+        auto t = Clock::now();
+        DrafterLossResult r = drafter->Loss(batch, gamma, h.global_weight_sum());
+        forward += Since(t);
+        t = Clock::now();
+        r.loss.backward();
+        backward += Since(t);
+        out->set_weighted_loss_sum(r.weighted_ce_sum);
+        out->set_weight_sum(r.weight_sum);
+        out->set_tokens(r.tokens);
+        for (size_t k = 0;
+             k < r.slot_total.size() && k < static_cast<size_t>(out->slot_total_size()); ++k) {
+          out->set_slot_correct(static_cast<int>(k), r.slot_correct[k]);
+          out->set_slot_total(static_cast<int>(k), r.slot_total[k]);
+        }
+      } catch (const std::exception& e) {
+        result = absl::InternalError(absl::StrCat("step ", first.step(), " shard ", shard,
+                                                  ": forward/backward failed: ", e.what()));
       }
     }
-    // Every rank reduces every gradient, an empty microbatch contributing zeros. What is timed is
-    // the part of the all-reduce that backward did not hide.
-    t = Clock::now();
+    if (!result.ok()) break;
+    // Every rank takes part in every reduction. What is timed is the part of the exchange that
+    // backward did not hide.
+    auto t = Clock::now();
     result = reducer.Finish();
     if (!result.ok()) break;
     v1::PhaseTimings* timings = ack.mutable_timings();
@@ -456,6 +523,7 @@ absl::Status RunWorker(const WorkerOptions& o) {
     timings->set_backward_seconds(backward);
     timings->set_allreduce_seconds(Since(t));
     timings->set_optimizer_seconds(last_optimizer_seconds);  // the previous step's
+    ack.set_collective_bytes(reducer.bytes_sent());
     v1::WorkerMessage m;
     *m.mutable_ack() = ack;
     if (!write(m)) {
@@ -467,17 +535,17 @@ absl::Status RunWorker(const WorkerOptions& o) {
       Item next = *queue.Pop();
       if (next.kind == Item::kBatch) {
         batches.push_back(std::move(next));
-      } else if (next.kind == Item::kCommit && next.step == h.step()) {
+      } else if (next.kind == Item::kCommit && next.step == first.step()) {
         t = Clock::now();
-        trainer.ApplyWithLearningRate(h.learning_rate());
+        trainer.ApplyWithLearningRate(first.learning_rate());
         last_optimizer_seconds = Since(t);
         if (next.checkpoint && rank == 0) {
-          result = UploadCheckpoint(*drafter, trainer.optimizer(), h.step() + 1, write);
+          result = UploadCheckpoint(*drafter, trainer.optimizer(), first.step() + 1, write);
         }
         break;
       } else if (next.kind == Item::kShutdown) {
         trainer.DiscardGradients();
-        LOG(INFO) << "shutdown before commit of step " << h.step() << ": " << next.text;
+        LOG(INFO) << "shutdown before commit of step " << first.step() << ": " << next.text;
         done = true;
         break;
       } else if (next.kind == Item::kError) {

@@ -1,7 +1,7 @@
 // The worker process (DESIGN.md §2): joins the coordinator, forms the Gloo group through the
-// coordinator's store, fetches the frozen target tensors, then trains on one thread: microbatch in,
-// forward + backward, all-reduce, ack, wait for the commit, optimizer step. gRPC threads only move
-// bytes into a queue.
+// coordinator's store, fetches the frozen target tensors, then trains on one thread: for each of
+// its shards of a step forward + backward, then the gradient reduction, ack, wait for the commit,
+// optimizer step. gRPC threads only move bytes into a queue.
 #pragma once
 
 #include <string>
@@ -13,7 +13,6 @@ namespace flashdraft {
 struct WorkerOptions {
   std::string coordinator = "127.0.0.1:7600";
   std::string worker_id;
-  int threads = 1;
   double connect_timeout_seconds = 60;
 };
 

@@ -8,8 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -125,6 +128,32 @@ absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path) {
   }
   out.body = response.substr(body + 4);
   return out;
+}
+
+std::vector<nlohmann::json> ReadSteps(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    // A line still being written by a running job is left out.
+    nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_discarded()) out.push_back(std::move(record));
+  }
+  return out;
+}
+
+std::string FirstDifferentStep(const std::vector<nlohmann::json>& a,
+                               const std::vector<nlohmann::json>& b) {
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    for (const char* key :
+         {"step", "loss", "slot_accuracy", "tau_estimate", "weight_sum", "tokens"}) {
+      const std::string x = a[i].value(key, nlohmann::json()).dump();
+      const std::string y = b[i].value(key, nlohmann::json()).dump();
+      if (x != y) return absl::StrCat("step ", i, ": ", key, " ", x, " vs ", y);
+    }
+  }
+  if (a.size() != b.size()) return absl::StrCat(a.size(), " steps vs ", b.size());
+  return "";
 }
 
 }  // namespace flashdraft::testing

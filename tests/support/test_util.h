@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,15 @@ struct HttpResponse {
   std::string body;
 };
 absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path);
+
+// The records of a steps.jsonl, one JSON object per line (none for a missing file).
+std::vector<nlohmann::json> ReadSteps(const std::string& path);
+
+// Bitwise comparison of two runs' step records: "" when they have the same steps and every step's
+// loss, slot accuracies, τ estimate, weight sum and tokens are the same numbers as written (the
+// JSON text of each); otherwise the first step that differs, with both values.
+std::string FirstDifferentStep(const std::vector<nlohmann::json>& a,
+                               const std::vector<nlohmann::json>& b);
 
 }  // namespace flashdraft::testing
 

@@ -28,6 +28,16 @@ class Collective {
   // Starts summing one contiguous tensor across ranks in place and returns at once; the tensor must
   // stay alive and untouched until Wait() returns. Every rank must start the same sequence.
   virtual std::unique_ptr<CollectiveWork> StartAllReduceSum(torch::Tensor flat) = 0;
+  // Starts an all-to-all of rows: `send` holds send_rows[q] rows for each rank q in rank order,
+  // `recv` receives recv_rows[p] rows from each rank p in rank order (rows: the first dimension).
+  // Both must stay alive and untouched until Wait() returns.
+  virtual std::unique_ptr<CollectiveWork> StartAllToAll(torch::Tensor send, torch::Tensor recv,
+                                                        std::vector<int64_t> send_rows,
+                                                        std::vector<int64_t> recv_rows) = 0;
+  // Starts gathering every rank's `input` into outputs[rank] (one tensor per rank, each shaped like
+  // `input`, none of them `input` itself).
+  virtual std::unique_ptr<CollectiveWork> StartAllGather(std::vector<torch::Tensor> outputs,
+                                                         torch::Tensor input) = 0;
   virtual absl::Status Barrier() = 0;
 };
 

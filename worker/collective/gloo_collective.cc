@@ -21,27 +21,46 @@ absl::Status RunWork(const char* what, Fn fn) {
   }
 }
 
-// A started c10d collective, or the error that kept it from starting.
+// A started c10d collective, or the error that kept it from starting. Keeps the tensors it works
+// on alive until it is waited for.
 class GlooWork : public CollectiveWork {
  public:
-  GlooWork(c10::intrusive_ptr<c10d::Work> work, absl::Status start)
-      : work_(std::move(work)), status_(std::move(start)) {}
+  GlooWork(const char* what, c10::intrusive_ptr<c10d::Work> work, absl::Status start,
+           std::vector<torch::Tensor> keep = {})
+      : what_(what), work_(std::move(work)), status_(std::move(start)), keep_(std::move(keep)) {}
   absl::Status Wait() override {
     if (work_ && status_.ok()) {
       try {
         work_->wait();
       } catch (const std::exception& e) {
-        status_ = WorkError("allreduce", e);
+        status_ = WorkError(what_, e);
       }
       work_.reset();
     }
+    keep_.clear();
     return status_;
   }
 
  private:
+  const char* what_;
   c10::intrusive_ptr<c10d::Work> work_;
   absl::Status status_;
+  std::vector<torch::Tensor> keep_;
 };
+
+// Starts a c10d collective; an exception while starting becomes the work's error.
+template <typename Fn>
+std::unique_ptr<CollectiveWork> Start(const char* what, std::vector<torch::Tensor> keep, Fn fn) {
+  try {
+    return std::make_unique<GlooWork>(what, fn(), absl::OkStatus(), std::move(keep));
+  } catch (const std::exception& e) {
+    return std::make_unique<GlooWork>(what, c10::intrusive_ptr<c10d::Work>(), WorkError(what, e));
+  }
+}
+
+std::unique_ptr<CollectiveWork> Done(const char* what) {
+  return std::make_unique<GlooWork>(what, c10::intrusive_ptr<c10d::Work>(), absl::OkStatus());
+}
 
 }  // namespace
 
@@ -65,15 +84,42 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(
 }
 
 std::unique_ptr<CollectiveWork> GlooCollective::StartAllReduceSum(torch::Tensor flat) {
-  if (world_size_ == 1 || flat.numel() == 0) {
-    return std::make_unique<GlooWork>(c10::intrusive_ptr<c10d::Work>(), absl::OkStatus());
+  if (world_size_ == 1 || flat.numel() == 0) return Done("allreduce");
+  return Start("allreduce", {flat}, [&] {
+    std::vector<torch::Tensor> tensors = {flat};
+    return group_->allreduce(tensors);
+  });
+}
+
+std::unique_ptr<CollectiveWork> GlooCollective::StartAllToAll(torch::Tensor send,
+                                                              torch::Tensor recv,
+                                                              std::vector<int64_t> send_rows,
+                                                              std::vector<int64_t> recv_rows) {
+  if (world_size_ == 1) {
+    return Start("alltoall", {}, [&] {
+      recv.copy_(send);
+      return c10::intrusive_ptr<c10d::Work>();
+    });
   }
-  try {
-    std::vector<torch::Tensor> tensors = {std::move(flat)};
-    return std::make_unique<GlooWork>(group_->allreduce(tensors), absl::OkStatus());
-  } catch (const std::exception& e) {
-    return std::make_unique<GlooWork>(c10::intrusive_ptr<c10d::Work>(), WorkError("allreduce", e));
+  return Start("alltoall", {send, recv},
+               [&] { return group_->alltoall_base(recv, send, recv_rows, send_rows); });
+}
+
+std::unique_ptr<CollectiveWork> GlooCollective::StartAllGather(std::vector<torch::Tensor> outputs,
+                                                               torch::Tensor input) {
+  if (world_size_ == 1) {
+    return Start("allgather", {}, [&] {
+      outputs.at(0).copy_(input);
+      return c10::intrusive_ptr<c10d::Work>();
+    });
   }
+  std::vector<torch::Tensor> keep = outputs;
+  keep.push_back(input);
+  return Start("allgather", std::move(keep), [&] {
+    std::vector<std::vector<torch::Tensor>> out = {outputs};
+    std::vector<torch::Tensor> in = {input};
+    return group_->allgather(out, in);
+  });
 }
 
 absl::Status GlooCollective::Barrier() {

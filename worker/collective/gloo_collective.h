@@ -24,6 +24,11 @@ class GlooCollective : public Collective {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
   std::unique_ptr<CollectiveWork> StartAllReduceSum(torch::Tensor flat) override;
+  std::unique_ptr<CollectiveWork> StartAllToAll(torch::Tensor send, torch::Tensor recv,
+                                                std::vector<int64_t> send_rows,
+                                                std::vector<int64_t> recv_rows) override;
+  std::unique_ptr<CollectiveWork> StartAllGather(std::vector<torch::Tensor> outputs,
+                                                 torch::Tensor input) override;
   absl::Status Barrier() override;
 
  private:
