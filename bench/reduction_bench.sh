@@ -50,7 +50,7 @@ print(f"{'reduction':<26} {'step s':>7} {'exchange s':>10} {'grad MB/step':>12} 
 rows = {}
 for name, label in (("plain", "plain all-reduce, 2 w"), ("k2", "ordered K=2, 2 w"),
                     ("k8", "ordered K=8, 2 w"), ("k8w1", "ordered K=8, 1 w")):
-    all_recs = [json.loads(l) for l in open(f"{work}/{name}/steps.jsonl")]
+    all_recs = [r for r in map(json.loads, open(f"{work}/{name}/steps.jsonl")) if "step" in r]
     rows[name] = all_recs
     recs = all_recs[5:]
     t = sum(r["step_seconds"] for r in recs) / len(recs)
