@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -81,7 +82,9 @@ int Launch(const LaunchOptions& o) {
     if (!s.ok()) return fail(std::string(s.message()));
   }
   if (!o.out_dir.empty()) job->output_dir = o.out_dir;
-  job->cluster.min_workers = job->cluster.max_workers = o.workers;
+  // Up to N workers; the job goes on (elastically) down to its min_workers.
+  job->cluster.max_workers = o.workers;
+  job->cluster.min_workers = std::min(job->cluster.min_workers, o.workers);
   if (o.threads_per_worker > 0) job->train.intra_op_threads = o.threads_per_worker;
   if (absl::Status s =
           ValidateJobConfig(*job, absl::StrCat(o.job_path, " with --workers ", o.workers));

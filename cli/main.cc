@@ -61,6 +61,10 @@ int PrintStatus(const std::string& address) {
               static_cast<unsigned long long>(reply.total_steps()), reply.world_size(),
               static_cast<unsigned long long>(reply.membership_epoch()), reply.loss(),
               reply.tau_estimate());
+  for (const v1::WorkerStatus& w : reply.workers()) {
+    std::printf("  worker %-20s %-6s rank %2d  last heard %.1f s ago\n", w.worker_id().c_str(),
+                w.state().c_str(), w.rank(), w.seconds_since_heard());
+  }
   return 0;
 }
 

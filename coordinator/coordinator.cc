@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/chunk_wire.h"
 #include "common/file_util.h"
@@ -29,15 +30,18 @@
 namespace flashdraft {
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+double UnixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string RandomToken() {
-  std::random_device rd;
-  return absl::StrFormat("%016x%016x", (uint64_t{rd()} << 32) | rd(),
-                         (uint64_t{rd()} << 32) | rd());
-}
+// How long a reported collective failure waits for a lost worker to explain it before the epoch
+// is re-formed with the same members (a transient failure).
+constexpr double kCollectiveFailureGraceSeconds = 2.0;
+// The first epoch starts this long after the last worker arrived when fewer than max_workers are
+// there (workers launched together arrive within about a second).
+constexpr double kStartSettleSeconds = 2.0;
+// Re-forms of one step without a loss before the job gives up on it.
+constexpr int kMaxReformsPerStep = 5;
 
 constexpr int kMaxMessageBytes = 64 << 20;
 
@@ -61,35 +65,42 @@ class TrainSession
       return;
     }
     if (!BufferToMessage(in_bytes_, &in_)) {
-      if (rank_ >= 0) coordinator_->OnWorkerError(rank_, "sent a malformed WorkerMessage");
+      if (!token_.empty()) coordinator_->OnWorkerError(token_, "sent a malformed WorkerMessage");
       FinishAfterWrites(
           grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed WorkerMessage"));
       return;
     }
-    if (rank_ < 0) {
-      // The first message identifies the worker.
-      if (!coordinator_->ValidToken(in_.session_token())) {
-        FinishAfterWrites(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown session token"));
+    if (token_.empty()) {
+      // The first message identifies the worker and binds its token to this stream.
+      absl::Status bound = coordinator_->SessionStarted(this, in_.session_token());
+      if (!bound.ok()) {
+        FinishAfterWrites(ToGrpcStatus(bound));
         return;
       }
-      rank_ = coordinator_->RankOfToken(in_.session_token());
-      coordinator_->SessionStarted(this, rank_);
+      token_ = in_.session_token();
+    } else if (in_.session_token() != token_) {
+      coordinator_->OnWorkerError(token_, "changed its session token on its stream");
+      FinishAfterWrites(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "token changed"));
+      return;
     }
     switch (in_.kind_case()) {
       case v1::WorkerMessage::kAck:
-        coordinator_->OnAck(rank_, in_.ack());
+        coordinator_->OnAck(token_, in_.ack());
         break;
       case v1::WorkerMessage::kHeartbeat:
-        coordinator_->OnHeartbeat(rank_);
+        coordinator_->OnHeartbeat(token_);
         break;
       case v1::WorkerMessage::kError:
-        coordinator_->OnWorkerError(rank_, in_.error());
+        coordinator_->OnWorkerError(token_, in_.error());
         break;
       case v1::WorkerMessage::kCheckpoint:
-        coordinator_->OnCheckpointUpload(rank_, in_.checkpoint());
+        coordinator_->OnCheckpointUpload(token_, in_.checkpoint());
         break;
       case v1::WorkerMessage::kTensorChunk:
-        coordinator_->OnCheckpointChunk(rank_, in_.tensor_chunk());
+        coordinator_->OnCheckpointChunk(token_, in_.tensor_chunk());
+        break;
+      case v1::WorkerMessage::kCollectiveFailure:
+        coordinator_->OnCollectiveFailure(token_, in_.collective_failure());
         break;
       default:
         break;
@@ -106,7 +117,7 @@ class TrainSession
   Coordinator* coordinator_;
   grpc::ByteBuffer in_bytes_;
   v1::WorkerMessage in_;
-  int rank_ = -1;
+  std::string token_;  // empty until the first message
 };
 
 // FetchTensors: tensors of mapped safetensors files (the frozen target tensors, the drafter's
@@ -330,7 +341,12 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   so.max_seq_len = j.data.max_seq_len;
   so.virtual_shards = EffectiveVirtualShards(j);
   c->scheduler_ = std::make_unique<Scheduler>(*c->source_, so);
-  c->world_size_ = j.cluster.min_workers;
+  MembershipOptions mo;
+  mo.min_workers = j.cluster.min_workers;
+  mo.max_workers = j.cluster.max_workers;
+  mo.heartbeat_timeout_seconds = j.cluster.heartbeat_timeout_seconds;
+  mo.bind_timeout_seconds = j.cluster.join_timeout_seconds;
+  c->membership_ = std::make_unique<Membership>(mo, *c->clock_);
   c->total_steps_ = j.train.max_steps > 0
                         ? j.train.max_steps
                         : static_cast<int64_t>(c->scheduler_->steps_per_epoch()) * j.train.epochs;
@@ -493,40 +509,61 @@ void Coordinator::Join(const v1::JoinRequest& request, v1::JoinReply* reply) {
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (next_rank_ >= world_size_) {
-    return refuse(absl::StrCat("the job is full (", world_size_, " workers)"));
-  }
-  const int rank = next_rank_++;
-  const std::string token = RandomToken();
-  tokens_[token] = rank;
+  absl::StatusOr<std::string> token = membership_->Admit(request.worker_id());
+  if (!token.ok()) return refuse(std::string(token.status().message()));
+  last_arrival_ = clock_->Now();
   reply->set_accepted(true);
-  reply->set_rank(rank);
-  reply->set_world_size(world_size_);
-  reply->set_membership_epoch(1);
-  reply->set_session_token(token);
+  reply->set_session_token(*token);
   reply->set_job_config_yaml(JobConfigToYaml(job_));
-  reply->set_store_prefix("epoch/1");
   reply->set_drafter_config_json(DrafterConfigToJson(drafter_config_));
   LOG(INFO) << "worker '" << request.worker_id() << "' (" << request.capability().hostname() << ", "
-            << request.capability().device() << ") joined as rank " << rank << "/" << world_size_;
+            << request.capability().device() << ") joined";
+  UpdateWorkerMetricsLocked();
 }
 
 bool Coordinator::ValidToken(const std::string& token) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return tokens_.count(token) > 0;
+  return membership_->Valid(token);
 }
 
-int Coordinator::RankOfToken(const std::string& token) const {
+absl::Status Coordinator::SessionStarted(TrainSession* session, const std::string& token) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = tokens_.find(token);
-  return it == tokens_.end() ? -1 : it->second;
+  FD_RETURN_IF_ERROR(membership_->Bind(token));
+  sessions_[token] = session;
+  last_arrival_ = clock_->Now();
+  UpdateWorkerMetricsLocked();
+  cv_.notify_all();
+  return absl::OkStatus();
 }
 
-void Coordinator::SessionStarted(TrainSession* session, int rank) {
-  std::lock_guard<std::mutex> lock(mu_);
-  sessions_[rank] = session;
-  last_heartbeat_[rank] = Now();
-  metrics_->SetWorkers(static_cast<int>(sessions_.size()), 1);
+void Coordinator::UpdateWorkerMetricsLocked() {
+  metrics_->SetWorkers(
+      membership_->Count(MemberState::kActive),
+      membership_->Count(MemberState::kReady) + membership_->Count(MemberState::kJoined), epoch_);
+}
+
+void Coordinator::DropSessionLocked(const std::string& token, const std::string& why) {
+  const MemberInfo* member = membership_->Find(token);
+  const std::string who = member ? absl::StrCat("'", member->worker_id, "'")
+                                 : absl::StrCat("token ", token.substr(0, 6));
+  const int rank = membership_->RankOf(token);
+  const bool over = state_ == "done" || state_ == "failed";
+  if (membership_->Remove(token) && !over) {
+    LOG(WARNING) << "worker " << who << " (rank " << rank << " of epoch " << epoch_
+                 << ") lost: " << why;
+    metrics_->WorkerFailed();
+  } else if (member && !over) {
+    LOG(INFO) << "worker " << who << " left before training: " << why;
+  }
+  auto it = sessions_.find(token);
+  if (it != sessions_.end()) {
+    // A worker declared lost while its stream is open (hung, cut off) is told so and never
+    // counted again: its token is gone.
+    it->second->FinishAfterWrites(
+        grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("removed from the job: ", why)));
+    sessions_.erase(it);
+  }
+  UpdateWorkerMetricsLocked();
   cv_.notify_all();
 }
 
@@ -534,35 +571,70 @@ void Coordinator::SessionEnded(TrainSession* session, const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
     if (it->second == session) {
-      if (running_ && failure_.ok()) {
-        failure_ = absl::UnavailableError(absl::StrCat("worker rank ", it->first, " lost: ", why));
-      }
-      sessions_.erase(it);
-      metrics_->SetWorkers(static_cast<int>(sessions_.size()), 1);
-      if (running_) metrics_->WorkerFailed();
-      break;
+      const std::string token = it->first;
+      sessions_.erase(it);  // the stream is already over: nothing to finish
+      DropSessionLocked(token, why);
+      return;
     }
   }
-  cv_.notify_all();
 }
 
-void Coordinator::OnAck(int rank, const v1::StepAck& ack) {
-  std::lock_guard<std::mutex> lock(mu_);
-  acks_[ack.step()][rank] = ack;
-  last_heartbeat_[rank] = Now();
-  cv_.notify_all();
-}
-
-void Coordinator::OnHeartbeat(int rank) {
-  std::lock_guard<std::mutex> lock(mu_);
-  last_heartbeat_[rank] = Now();
-}
-
-void Coordinator::OnWorkerError(int rank, const std::string& error) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (failure_.ok()) {
-    failure_ = absl::InternalError(absl::StrCat("worker rank ", rank, " failed: ", error));
+void Coordinator::ExpireLocked() {
+  const std::vector<MemberInfo> before = membership_->Members();
+  for (const std::string& token : membership_->Expire()) {
+    // Expire removed it; close its stream and account for it like any loss.
+    for (const MemberInfo& m : before) {
+      if (m.token != token) continue;
+      if (m.state == MemberState::kActive) {
+        LOG(WARNING) << "worker '" << m.worker_id << "' (rank " << m.rank
+                     << ") lost: no message for " << job_.cluster.heartbeat_timeout_seconds
+                     << " s (heartbeat timeout)";
+        metrics_->WorkerFailed();
+      } else {
+        LOG(INFO) << "worker '" << m.worker_id << "' dropped: silent since it joined";
+      }
+    }
+    auto it = sessions_.find(token);
+    if (it != sessions_.end()) {
+      it->second->FinishAfterWrites(
+          grpc::Status(grpc::StatusCode::ABORTED, "removed from the job: heartbeat timeout"));
+      sessions_.erase(it);
+    }
   }
+  UpdateWorkerMetricsLocked();
+}
+
+void Coordinator::OnAck(const std::string& token, const v1::StepAck& ack) {
+  std::lock_guard<std::mutex> lock(mu_);
+  membership_->Heard(token);
+  const int rank = membership_->RankOf(token);
+  // Acks of another epoch, of a step that is not in flight, or from a non-member are stale.
+  if (rank < 0 || ack.membership_epoch() != epoch_ || ack.step() < committed_) {
+    VLOG(1) << "ignored a stale ack of step " << ack.step() << " epoch " << ack.membership_epoch();
+    return;
+  }
+  acks_[ack.step()][rank] = ack;
+  cv_.notify_all();
+}
+
+void Coordinator::OnHeartbeat(const std::string& token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  membership_->Heard(token);
+}
+
+void Coordinator::OnWorkerError(const std::string& token, const std::string& error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DropSessionLocked(token, absl::StrCat("failed: ", error));
+}
+
+void Coordinator::OnCollectiveFailure(const std::string& token,
+                                      const v1::CollectiveFailure& failure) {
+  std::lock_guard<std::mutex> lock(mu_);
+  membership_->Heard(token);
+  if (failure.membership_epoch() != epoch_ || membership_->RankOf(token) < 0) return;
+  LOG(WARNING) << "rank " << membership_->RankOf(token) << ": collective of step " << failure.step()
+               << " failed: " << failure.error();
+  if (collective_failed_at_ == 0) collective_failed_at_ = clock_->Now();
   cv_.notify_all();
 }
 
@@ -572,13 +644,15 @@ void Coordinator::FailUploadLocked(std::string why) {
   cv_.notify_all();
 }
 
-void Coordinator::OnCheckpointUpload(int rank, const v1::CheckpointUpload& upload) {
+void Coordinator::OnCheckpointUpload(const std::string& token, const v1::CheckpointUpload& upload) {
   std::lock_guard<std::mutex> lock(mu_);
-  last_heartbeat_[rank] = Now();
+  membership_->Heard(token);
+  const int rank = membership_->RankOf(token);
   if (rank != 0) return FailUploadLocked(absl::StrCat("sent by rank ", rank, ", not rank 0"));
   if (upload_.active) return FailUploadLocked("a new upload began before the last one ended");
   if (upload.num_tensors() == 0) return FailUploadLocked("an upload of no tensors");
   upload_ = Upload();
+  upload_.token = token;
   upload_.active = true;
   upload_.completed_steps = upload.completed_steps();
   upload_.remaining = upload.num_tensors();
@@ -589,10 +663,12 @@ void Coordinator::OnCheckpointUpload(int rank, const v1::CheckpointUpload& uploa
       });
 }
 
-void Coordinator::OnCheckpointChunk(int rank, const v1::TensorChunk& chunk) {
+void Coordinator::OnCheckpointChunk(const std::string& token, const v1::TensorChunk& chunk) {
   std::lock_guard<std::mutex> lock(mu_);
-  last_heartbeat_[rank] = Now();
-  if (!upload_.active) return FailUploadLocked("a tensor chunk arrived outside an upload");
+  membership_->Heard(token);
+  if (!upload_.active || upload_.token != token) {
+    return FailUploadLocked("a tensor chunk arrived outside an upload");
+  }
   if (absl::Status s = upload_.assembler->Add(chunk); !s.ok()) {
     return FailUploadLocked(std::string(s.message()));
   }
@@ -605,28 +681,34 @@ void Coordinator::OnCheckpointChunk(int rank, const v1::TensorChunk& chunk) {
 }
 
 absl::Status Coordinator::TakeCheckpoint(uint64_t completed_steps) {
-  const double start = Now();
+  const double start = clock_->Now();
   std::vector<OwnedTensor> tensors;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration<double>(job_.cluster.collective_timeout_seconds);
+    const double deadline = start + job_.cluster.collective_timeout_seconds;
     while (failure_.ok() && (upload_.active || uploaded_steps_ != completed_steps)) {
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      ExpireLocked();
+      if (membership_->ranks().empty() || membership_->RankOf(membership_->ranks()[0]) != 0) {
+        upload_ = Upload();
+        return absl::AbortedError(
+            absl::StrCat("the uploading worker left before the checkpoint of "
+                         "step ",
+                         completed_steps, " arrived"));
+      }
+      if (clock_->Now() > deadline) {
         return absl::DeadlineExceededError(
             absl::StrCat("rank 0 did not upload the checkpoint of step ", completed_steps,
                          " within ", job_.cluster.collective_timeout_seconds, " s"));
       }
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
     }
     if (!failure_.ok()) return failure_;
     tensors = std::move(upload_.tensors);
     upload_ = Upload();
   }
   FD_ASSIGN_OR_RETURN(const CheckpointInfo info, checkpoints_->Write(completed_steps, tensors));
-  const double seconds = Now() - start;
-  metrics_->RecordCheckpoint(
-      seconds,
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  const double seconds = clock_->Now() - start;
+  metrics_->RecordCheckpoint(seconds, UnixSeconds());
   LOG(INFO) << absl::StrFormat("checkpoint %s written in %.2f s", info.dir, seconds);
   return absl::OkStatus();
 }
@@ -639,13 +721,21 @@ void Coordinator::Abort(absl::Status reason) {
 
 void Coordinator::FillStatus(v1::StatusReply* reply) const {
   std::lock_guard<std::mutex> lock(mu_);
-  reply->set_state(!failure_.ok() ? "failed" : running_ ? "training" : "waiting");
+  reply->set_state(!failure_.ok() ? "failed" : state_);
   reply->set_step(committed_);
   reply->set_total_steps(total_steps_);
-  reply->set_membership_epoch(1);
-  reply->set_world_size(static_cast<uint32_t>(sessions_.size()));
+  reply->set_membership_epoch(epoch_);
+  reply->set_world_size(static_cast<uint32_t>(membership_->world_size()));
   reply->set_loss(last_record_.loss);
   reply->set_tau_estimate(last_record_.TauEstimate());
+  const double now = clock_->Now();
+  for (const MemberInfo& m : membership_->Members()) {
+    v1::WorkerStatus* w = reply->add_workers();
+    w->set_worker_id(m.worker_id);
+    w->set_state(MemberStateName(m.state));
+    w->set_rank(m.rank);
+    w->set_seconds_since_heard(now - m.last_heard);
+  }
 }
 
 absl::Status Coordinator::SendStep(const StepPlan& plan) {
@@ -656,10 +746,11 @@ absl::Status Coordinator::SendStep(const StepPlan& plan) {
       std::vector<grpc::ByteBuffer> messages;
       FD_RETURN_IF_ERROR(EncodeShard(plan, shard, rank, lr, &messages));
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = sessions_.find(rank);
-      if (it == sessions_.end()) {
-        return absl::UnavailableError(absl::StrCat("worker rank ", rank, " is gone"));
-      }
+      // A member lost meanwhile gets nothing; WaitForAcks sees the change and the step is sent
+      // again in the next epoch.
+      if (rank >= membership_->world_size()) continue;
+      auto it = sessions_.find(membership_->ranks()[rank]);
+      if (it == sessions_.end()) continue;
       uint64_t bytes = 0;
       for (grpc::ByteBuffer& msg : messages) {
         bytes += msg.Length();
@@ -678,7 +769,7 @@ absl::Status Coordinator::EncodeShard(const StepPlan& plan, int64_t shard, int r
   v1::CoordinatorMessage header;
   v1::Microbatch* m = header.mutable_microbatch();
   m->set_step(step);
-  m->set_membership_epoch(1);
+  m->set_membership_epoch(sending_epoch_);
   m->set_rank(rank);
   m->set_world_size(world_size_);
   m->set_global_weight_sum(plan.global_weight_sum);
@@ -739,18 +830,90 @@ absl::Status Coordinator::WaitForAcks(uint64_t step) {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     if (!failure_.ok()) return failure_;
-    if (static_cast<int>(acks_[step].size()) == world_size_) return absl::OkStatus();
-    const double now = Now();
-    for (const auto& [rank, seen] : last_heartbeat_) {
-      if (now - seen > job_.cluster.heartbeat_timeout_seconds) {
-        failure_ = absl::DeadlineExceededError(absl::StrFormat(
-            "worker rank %d lost: no message for %.0f s (heartbeat timeout)", rank, now - seen));
-        metrics_->WorkerFailed();
-        return failure_;
-      }
+    ExpireLocked();
+    if (membership_->Changed()) {
+      return absl::AbortedError(
+          absl::StrCat("the membership changed before step ", step, " committed"));
     }
-    cv_.wait_for(lock, std::chrono::milliseconds(200));
+    if (static_cast<int>(acks_[step].size()) == world_size_) return absl::OkStatus();
+    // A failed collective that no loss explains: re-form with the same members.
+    if (collective_failed_at_ > 0 &&
+        clock_->Now() - collective_failed_at_ > kCollectiveFailureGraceSeconds) {
+      membership_->RequestReform();
+      return absl::AbortedError(absl::StrCat("a collective of step ", step, " failed"));
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(100));
   }
+}
+
+absl::Status Coordinator::StartEpoch(int64_t next_step) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const double start = clock_->Now();
+  bool said = false;
+  // The first epoch waits for every worker that is on its way (joined, or joining shortly after
+  // another) up to max_workers, so that a job launched with N workers starts with N.
+  auto starting_short = [&] {
+    return epoch_ == 0 && membership_->Available() < job_.cluster.max_workers &&
+           (membership_->Count(MemberState::kJoined) > 0 ||
+            clock_->Now() - last_arrival_ < kStartSettleSeconds);
+  };
+  while (failure_.ok() &&
+         (membership_->Available() < job_.cluster.min_workers || starting_short())) {
+    const int missing = std::max(0, job_.cluster.min_workers - membership_->Available());
+    if (epoch_ > 0) state_ = "paused";
+    metrics_->SetMissingWorkers(missing);
+    if (!said && missing > 0) {
+      LOG(WARNING) << (epoch_ > 0 ? "paused: " : "") << "waiting for " << missing
+                   << " more worker(s) (cluster.min_workers " << job_.cluster.min_workers
+                   << ", up to " << job_.cluster.join_timeout_seconds << " s)";
+      said = true;
+    }
+    if (clock_->Now() - start > job_.cluster.join_timeout_seconds) {
+      failure_ = absl::DeadlineExceededError(
+          absl::StrCat("only ", membership_->Available(), " of cluster.min_workers ",
+                       job_.cluster.min_workers, " workers within cluster.join_timeout_seconds ",
+                       job_.cluster.join_timeout_seconds, " s"));
+      break;
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    ExpireLocked();
+  }
+  if (!failure_.ok()) return failure_;
+  metrics_->SetMissingWorkers(0);
+  const EpochPlan plan = membership_->NextEpoch();
+  epoch_ = plan.epoch;
+  sending_epoch_ = plan.epoch;
+  world_size_ = static_cast<int>(plan.tokens.size());
+  acks_.clear();
+  collective_failed_at_ = 0;
+  upload_ = Upload();
+  state_ = "training";
+  std::vector<std::string> ids;
+  for (size_t r = 0; r < plan.tokens.size(); ++r) {
+    v1::CoordinatorMessage message;
+    v1::Reform* reform = message.mutable_reform();
+    reform->set_membership_epoch(plan.epoch);
+    reform->set_rank(static_cast<uint32_t>(r));
+    reform->set_world_size(static_cast<uint32_t>(world_size_));
+    reform->set_store_prefix(absl::StrCat("epoch/", plan.epoch));
+    reform->set_next_step(static_cast<uint64_t>(next_step));
+    reform->set_sync_state(plan.needs_state_sync);
+    auto it = sessions_.find(plan.tokens[r]);
+    if (it != sessions_.end()) it->second->Send(MessageToBuffer(message));
+    ids.push_back(membership_->Find(plan.tokens[r])->worker_id);
+  }
+  UpdateWorkerMetricsLocked();
+  LOG(INFO) << "membership epoch " << plan.epoch << ": " << world_size_ << " worker(s) ["
+            << absl::StrJoin(ids, ", ") << "] from step " << next_step
+            << (plan.needs_state_sync ? " (newcomers receive the state from rank 0)" : "");
+  lock.unlock();
+  WriteEvent({{"event", "membership"},
+              {"membership_epoch", plan.epoch},
+              {"world_size", world_size_},
+              {"workers", ids},
+              {"next_step", next_step},
+              {"unix_time", UnixSeconds()}});
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepRecord> Coordinator::Aggregate(uint64_t step, double seconds) {
@@ -816,8 +979,14 @@ absl::StatusOr<StepRecord> Coordinator::Aggregate(uint64_t step, double seconds)
   return r;
 }
 
+void Coordinator::WriteEvent(const nlohmann::json& event) {
+  steps_file_ << event.dump() << "\n";
+  steps_file_.flush();
+}
+
 void Coordinator::WriteRecord(const StepRecord& r) {
   nlohmann::json j = {{"step", r.step},
+                      {"membership_epoch", r.membership_epoch},
                       {"loss", r.loss},
                       {"tokens", r.tokens},
                       {"world_size", r.world_size},
@@ -827,6 +996,7 @@ void Coordinator::WriteRecord(const StepRecord& r) {
                       {"collective_bytes", r.collective_bytes},
                       {"learning_rate", r.learning_rate},
                       {"step_seconds", r.step_seconds},
+                      {"unix_time", UnixSeconds()},
                       {"timings",
                        {{"wait", r.wait_seconds},
                         {"max_wait", r.max_wait_seconds},
@@ -839,35 +1009,46 @@ void Coordinator::WriteRecord(const StepRecord& r) {
 }
 
 absl::Status Coordinator::Run() {
-  LOG(INFO) << "waiting for " << world_size_ << " worker(s) on port " << port_ << "; "
+  LOG(INFO) << "waiting for " << job_.cluster.min_workers << " worker(s) on port " << port_ << "; "
             << source_->num_samples() << " samples, " << total_steps_ << " steps";
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration<double>(job_.cluster.join_timeout_seconds);
-    while (static_cast<int>(sessions_.size()) < world_size_ && failure_.ok()) {
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
-        failure_ = absl::DeadlineExceededError(
-            absl::StrCat("only ", sessions_.size(), " of ", world_size_, " workers joined within ",
-                         job_.cluster.join_timeout_seconds, " s"));
-      }
-    }
-    if (!failure_.ok()) return failure_;
-    running_ = true;
-  }
   const int64_t prefetch = std::max(1, job_.data.prefetch_steps);
   int64_t sent = start_step_;
-  const double start = Now();
+  const double start = clock_->Now();
   double step_start = start;
+  double changed_at = 0;  // when the membership last changed (0: not since the last commit)
   absl::Status result;
   // The plan of the next step to send, made one step early so the source can start on it.
   std::optional<StepPlan> next_plan;
   const int every = job_.checkpoint.every_steps;
-  for (int64_t step = start_step_; step < total_steps_; ++step) {
+  int64_t step = start_step_;
+  while (step < total_steps_) {
+    bool changed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      changed = membership_->Changed();
+    }
+    if (changed) {
+      // A new epoch at this step boundary: steps sent in the old one are sent again.
+      if (sent > step) metrics_->StepsReissued(sent - step);
+      if (epoch_started_ && ++reforms_at_step_ > kMaxReformsPerStep) {
+        result =
+            absl::UnavailableError(absl::StrCat("step ", step, " failed in ", kMaxReformsPerStep,
+                                                " membership epochs in a row; giving up"));
+        break;
+      }
+      if (changed_at == 0 && epoch_started_) changed_at = clock_->Now();
+      result = StartEpoch(step);
+      if (!result.ok()) break;
+      epoch_started_ = true;
+      sent = step;
+      next_plan.reset();
+      step_start = clock_->Now();
+    }
     // Keep `prefetch` steps queued at every worker so none waits on the source.
     while (sent < total_steps_ && sent <= step + prefetch) {
-      const StepPlan plan = next_plan ? std::move(*next_plan)
-                                      : scheduler_->Plan(static_cast<uint64_t>(sent), world_size_);
+      const StepPlan plan = next_plan && static_cast<int64_t>(next_plan->step) == sent
+                                ? std::move(*next_plan)
+                                : scheduler_->Plan(static_cast<uint64_t>(sent), world_size_);
       next_plan.reset();
       result = SendStep(plan);
       ++sent;
@@ -882,49 +1063,72 @@ absl::Status Coordinator::Run() {
         source_->Prefetch(next);
       }
     }
-    if (result.ok()) result = WaitForAcks(step);
+    if (!result.ok()) break;
+    result = WaitForAcks(static_cast<uint64_t>(step));
+    if (absl::IsAborted(result)) {
+      LOG(WARNING) << result.message() << "; re-forming the group";
+      result = absl::OkStatus();
+      continue;
+    }
     if (!result.ok()) break;
     v1::CoordinatorMessage commit;
     commit.mutable_commit()->set_step(step);
-    commit.mutable_commit()->set_membership_epoch(1);
+    commit.mutable_commit()->set_membership_epoch(sending_epoch_);
     const bool checkpoint = every > 0 && ((step + 1) % every == 0 || step + 1 == total_steps_);
     commit.mutable_commit()->set_checkpoint(checkpoint);
     {
       const grpc::ByteBuffer bytes = MessageToBuffer(commit);
       std::lock_guard<std::mutex> lock(mu_);
-      for (auto& [rank, session] : sessions_) session->Send(bytes);
+      for (const std::string& token : membership_->ranks()) {
+        auto it = sessions_.find(token);
+        if (it != sessions_.end()) it->second->Send(bytes);
+      }
+      membership_->Committed();
     }
-    absl::StatusOr<StepRecord> aggregated = Aggregate(step, Now() - step_start);
+    reforms_at_step_ = 0;
+    absl::StatusOr<StepRecord> aggregated = Aggregate(step, clock_->Now() - step_start);
     if (!aggregated.ok()) {
       result = aggregated.status();
       break;
     }
-    const StepRecord& r = *aggregated;
-    if (checkpoint) {
-      // The run loop waits; the workers do not (they have the next steps queued).
-      result = TakeCheckpoint(static_cast<uint64_t>(step + 1));
-      if (!result.ok()) break;
-    }
-    const double now = Now();
-    step_start = now;
+    StepRecord& r = *aggregated;
+    r.membership_epoch = sending_epoch_;
+    // The record first: a crash while checkpointing must not lose the step from steps.jsonl.
     WriteRecord(r);
     metrics_->RecordStep(r);
+    if (changed_at > 0) {
+      metrics_->RecordRecovery(clock_->Now() - changed_at);
+      changed_at = 0;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       committed_ = step + 1;
       last_record_ = r;
     }
+    if (checkpoint) {
+      // The run loop waits; the workers do not (they have the next steps queued).
+      absl::Status taken = TakeCheckpoint(static_cast<uint64_t>(step + 1));
+      if (absl::IsAborted(taken)) {
+        LOG(WARNING) << "checkpoint skipped: " << taken.message();
+      } else if (!taken.ok()) {
+        result = taken;
+        break;
+      }
+    }
+    const double now = clock_->Now();
+    step_start = now;
     const double elapsed = now - start;
     const double eta = elapsed / (step + 1 - start_step_) * (total_steps_ - step - 1);
     const int64_t print_every = std::max<int64_t>(1, total_steps_ / 20);
     if ((step + 1) % print_every == 0 || step == 0 || step + 1 == total_steps_) {
       LOG(INFO) << absl::StrFormat(
-          "step %d/%d  loss %.4f  tau %.3f  acc@1 %.3f  %.0f tok/s  wait %.1f%%  ETA %.0fs",
+          "step %d/%d  loss %.4f  tau %.3f  acc@1 %.3f  %.0f tok/s  wait %.1f%%  W %d  ETA %.0fs",
           step + 1, total_steps_, r.loss, r.TauEstimate(),
           r.SlotAccuracy().empty() ? 0.0 : r.SlotAccuracy()[0],
           r.tokens / std::max(1e-9, r.step_seconds),
-          100.0 * r.max_wait_seconds / std::max(1e-9, r.step_seconds), eta);
+          100.0 * r.max_wait_seconds / std::max(1e-9, r.step_seconds), world_size_, eta);
     }
+    ++step;
   }
   v1::CoordinatorMessage shutdown;
   shutdown.mutable_shutdown()->set_reason(result.ok() ? "job finished"
@@ -933,8 +1137,8 @@ absl::Status Coordinator::Run() {
   {
     const grpc::ByteBuffer bytes = MessageToBuffer(shutdown);
     std::lock_guard<std::mutex> lock(mu_);
-    running_ = false;
-    for (auto& [rank, session] : sessions_) {
+    state_ = result.ok() ? "done" : "failed";
+    for (auto& [token, session] : sessions_) {
       session->Send(bytes);
       session->FinishAfterWrites(grpc::Status::OK);
     }

@@ -9,13 +9,17 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "common/clock.h"
 #include "common/job_config.h"
 #include "common/safetensors.h"
 #include "coordinator/checkpoint.h"
+#include "coordinator/membership.h"
 #include "coordinator/metrics.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
@@ -42,6 +46,7 @@ struct FetchEntry {
 // Per-step aggregate written to steps.jsonl.
 struct StepRecord {
   uint64_t step = 0;
+  uint64_t membership_epoch = 0;
   double loss = 0;
   double weighted_loss_sum = 0;
   double weight_sum = 0;
@@ -94,19 +99,21 @@ class Coordinator {
   int64_t total_steps() const { return total_steps_; }
   const DrafterModelConfig& drafter_config() const { return drafter_config_; }
 
-  // --- called by the gRPC reactors (never block) ---
-  // Fills `reply`: admitted with a rank, or refused with a reason.
+  // --- called by the gRPC reactors (never block); workers are named by their session token ---
+  // Fills `reply`: admitted with a token (the rank comes with the epoch's Reform), or refused.
   void Join(const v1::JoinRequest& request, v1::JoinReply* reply);
   bool ValidToken(const std::string& token) const;
-  int RankOfToken(const std::string& token) const;
-  void SessionStarted(TrainSession* session, int rank);
+  // Binds the token's Train stream: NOT_FOUND for an unknown or expired token, ALREADY_EXISTS when
+  // it has a stream already.
+  absl::Status SessionStarted(TrainSession* session, const std::string& token);
   void SessionEnded(TrainSession* session, const std::string& why);
-  void OnAck(int rank, const v1::StepAck& ack);
-  void OnHeartbeat(int rank);
-  void OnWorkerError(int rank, const std::string& error);
+  void OnAck(const std::string& token, const v1::StepAck& ack);
+  void OnHeartbeat(const std::string& token);
+  void OnWorkerError(const std::string& token, const std::string& error);
+  void OnCollectiveFailure(const std::string& token, const v1::CollectiveFailure& failure);
   // Rank 0's checkpoint upload: the announcement, then its tensors' chunks.
-  void OnCheckpointUpload(int rank, const v1::CheckpointUpload& upload);
-  void OnCheckpointChunk(int rank, const v1::TensorChunk& chunk);
+  void OnCheckpointUpload(const std::string& token, const v1::CheckpointUpload& upload);
+  void OnCheckpointChunk(const std::string& token, const v1::TensorChunk& chunk);
   RendezvousStore& store() { return store_; }
   const SafetensorsModel& target() const { return *target_; }
   // Shared with gRPC slices that point into the mapped file while they are in flight.
@@ -125,12 +132,25 @@ class Coordinator {
   // The Microbatch header and tensor chunks of one shard of `plan`, for `rank`.
   absl::Status EncodeShard(const StepPlan& plan, int64_t shard, int rank, double learning_rate,
                            std::vector<grpc::ByteBuffer>* messages);
+  // Waits for every rank's ack of `step`; ABORTED when the membership changed first (the step
+  // is sent again in the next epoch).
   absl::Status WaitForAcks(uint64_t step);
+  // Starts the next membership epoch at step `next_step` (pausing while fewer than min_workers
+  // are available, up to join_timeout): new ranks, a Reform to every member.
+  absl::Status StartEpoch(int64_t next_step);
+  // Removes workers silent past the heartbeat timeout and closes their streams (mu_ held).
+  void ExpireLocked();
+  // Ends the stream of a worker that is no longer a member (mu_ held).
+  void DropSessionLocked(const std::string& token, const std::string& why);
+  void UpdateWorkerMetricsLocked();
+  // A membership change, as a steps.jsonl record.
+  void WriteEvent(const nlohmann::json& event);
   // The step's record from every rank's ack; an error when a shard is missing, doubled or acked
   // by a rank that does not own it.
   absl::StatusOr<StepRecord> Aggregate(uint64_t step, double seconds);
   void WriteRecord(const StepRecord& r);
-  // Waits for rank 0's upload of the state after `completed_steps` and writes the checkpoint.
+  // Waits for rank 0's upload of the state after `completed_steps` and writes the checkpoint;
+  // ABORTED when the membership changed before the upload arrived (the checkpoint is skipped).
   absl::Status TakeCheckpoint(uint64_t completed_steps);
   // Resumes from the newest checkpoint (checkpoint.resume): its weights and optimizer state become
   // what FetchTensors serves, steps.jsonl keeps the records before it. False when there is none.
@@ -148,7 +168,12 @@ class Coordinator {
   int64_t start_step_ = 0;  // the first step this run trains (> 0 when resumed)
   std::unique_ptr<Scheduler> scheduler_;
   double gamma_ = 7.0;
-  int world_size_ = 1;
+  // The epoch Run's thread sends in and its world size (Run's thread only; the reactors read the
+  // guarded epoch_).
+  uint64_t sending_epoch_ = 0;
+  int world_size_ = 0;
+  int reforms_at_step_ = 0;  // epochs started without a committed step in between
+  bool epoch_started_ = false;
   int64_t total_steps_ = 0;
   int64_t warmup_steps_ = 0;
   RendezvousStore store_;
@@ -157,26 +182,32 @@ class Coordinator {
   int port_ = 0;
   std::ofstream steps_file_;
 
+  const Clock* clock_ = &RealClock::Get();
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  int next_rank_ = 0;
-  std::map<std::string, int> tokens_;                    // session token -> rank
-  std::map<int, TrainSession*> sessions_;                // live Train streams by rank
-  std::map<int, double> last_heartbeat_;                 // rank -> monotonic seconds
-  std::map<uint64_t, std::map<int, v1::StepAck>> acks_;  // step -> rank -> ack
-  // Rank 0's checkpoint upload in progress (mu_).
+  std::unique_ptr<Membership> membership_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, TrainSession*> sessions_ ABSL_GUARDED_BY(mu_);  // token -> Train stream
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // step -> rank -> ack, of the current epoch only.
+  std::map<uint64_t, std::map<int, v1::StepAck>> acks_ ABSL_GUARDED_BY(mu_);
+  // A worker of the current epoch reported a failed collective (0: none): unless a loss explains
+  // it within a grace period, the epoch is re-formed with the same members.
+  double collective_failed_at_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_arrival_ ABSL_GUARDED_BY(mu_) = 0;  // the last Join or stream bound
+  // Rank 0's checkpoint upload in progress.
   struct Upload {
+    std::string token;  // the uploading worker
     uint64_t completed_steps = 0;
     uint32_t remaining = 0;  // tensors still to come
     bool active = false;
     std::vector<OwnedTensor> tensors;
     std::unique_ptr<TensorAssembler> assembler;
-  } upload_;
-  uint64_t uploaded_steps_ = 0;  // completed_steps of the last whole upload
-  absl::Status failure_;
-  uint64_t committed_ = 0;
-  StepRecord last_record_;
-  bool running_ = false;
+  } upload_ ABSL_GUARDED_BY(mu_);
+  uint64_t uploaded_steps_ ABSL_GUARDED_BY(mu_) = 0;  // completed_steps of the last whole upload
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  uint64_t committed_ ABSL_GUARDED_BY(mu_) = 0;
+  StepRecord last_record_ ABSL_GUARDED_BY(mu_);
+  std::string state_ ABSL_GUARDED_BY(mu_) = "waiting";  // waiting, training, paused, done, failed
 };
 
 }  // namespace flashdraft

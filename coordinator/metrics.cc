@@ -61,9 +61,17 @@ CoordinatorMetrics::CoordinatorMetrics(const std::string& backend, int64_t total
                                         {{"phase", phase}}));
   }
   workers_training_ = &gauge("flashdraft_workers", "Workers by state", {{"state", "training"}});
+  workers_waiting_ = &gauge("flashdraft_workers", "Workers by state", {{"state", "waiting"}});
+  workers_missing_ = &gauge("flashdraft_workers_missing",
+                            "Workers the paused job still waits for (cluster.min_workers)");
   membership_epoch_ = &gauge("flashdraft_membership_epoch",
                              "Membership epoch (changes when a worker joins or is lost)");
   worker_failures_ = &counter("flashdraft_worker_failures_total", "Workers lost or failed");
+  steps_reissued_ =
+      &counter("flashdraft_steps_reissued_total",
+               "Steps sent again because the membership changed before they committed");
+  recovery_seconds_ = &histogram("flashdraft_recovery_duration_seconds",
+                                 "From a membership change to the next committed step");
   stream_bytes_ = &counter("flashdraft_stream_bytes_total",
                            "Bytes of microbatches queued on the workers' Train streams",
                            {{"direction", "sent"}});
@@ -105,10 +113,19 @@ void CoordinatorMetrics::RecordStep(const StepRecord& r) {
   for (size_t i = 0; i < phase_seconds_.size(); ++i) phase_seconds_[i]->Observe(phases[i]);
 }
 
-void CoordinatorMetrics::SetWorkers(int training, int membership_epoch) {
+void CoordinatorMetrics::SetWorkers(int training, int waiting, uint64_t membership_epoch) {
   workers_training_->Set(training);
-  membership_epoch_->Set(membership_epoch);
+  workers_waiting_->Set(waiting);
+  membership_epoch_->Set(static_cast<double>(membership_epoch));
 }
+
+void CoordinatorMetrics::StepsReissued(int64_t steps) {
+  steps_reissued_->Increment(static_cast<double>(steps));
+}
+
+void CoordinatorMetrics::RecordRecovery(double seconds) { recovery_seconds_->Observe(seconds); }
+
+void CoordinatorMetrics::SetMissingWorkers(int missing) { workers_missing_->Set(missing); }
 
 void CoordinatorMetrics::WorkerFailed() { worker_failures_->Increment(); }
 

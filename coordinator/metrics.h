@@ -29,8 +29,15 @@ class CoordinatorMetrics {
   absl::StatusOr<int> Serve(const std::string& listen);
 
   void RecordStep(const StepRecord& record);  // a committed step
-  void SetWorkers(int training, int membership_epoch);
+  // Members training in the current epoch, workers waiting for the next one, the epoch.
+  void SetWorkers(int training, int waiting, uint64_t membership_epoch);
   void WorkerFailed();
+  // Steps sent in an epoch that ended before they committed (sent again in the next one).
+  void StepsReissued(int64_t steps);
+  // Time from a membership change to the next committed step.
+  void RecordRecovery(double seconds);
+  // Workers still missing for min_workers while the job pauses (0 while it trains).
+  void SetMissingWorkers(int missing);
   void AddStreamBytes(uint64_t bytes);  // Train-stream bytes queued to workers
   void RecordCheckpoint(double seconds, double unix_time);
 
@@ -51,8 +58,12 @@ class CoordinatorMetrics {
   std::vector<prometheus::Histogram*>
       phase_seconds_;  // wait, forward, backward, allreduce, optimizer
   prometheus::Gauge* workers_training_;
+  prometheus::Gauge* workers_waiting_;
+  prometheus::Gauge* workers_missing_;
   prometheus::Gauge* membership_epoch_;
   prometheus::Counter* worker_failures_;
+  prometheus::Counter* steps_reissued_;
+  prometheus::Histogram* recovery_seconds_;
   prometheus::Counter* stream_bytes_;
   prometheus::Gauge* checkpoint_seconds_;
   prometheus::Gauge* checkpoint_last_success_;

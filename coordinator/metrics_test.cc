@@ -29,7 +29,10 @@ TEST(CoordinatorMetricsTest, StepsSetGaugesCountersAndHistograms) {
   CoordinatorMetrics m("gloo", 30, 4);
   m.RecordStep(Record());
   m.RecordStep(Record());
-  m.SetWorkers(2, 1);
+  m.SetWorkers(2, 1, 3);
+  m.StepsReissued(2);
+  m.RecordRecovery(1.5);
+  m.SetMissingWorkers(1);
   m.AddStreamBytes(4096);
   const std::string text = m.Text();
   EXPECT_THAT(text, HasSubstr("flashdraft_build_info{"));
@@ -45,6 +48,11 @@ TEST(CoordinatorMetricsTest, StepsSetGaugesCountersAndHistograms) {
   EXPECT_THAT(text, HasSubstr("flashdraft_step_duration_seconds_count 2\n"));
   EXPECT_THAT(text, HasSubstr("flashdraft_phase_duration_seconds_sum{phase=\"forward\"} 0.2"));
   EXPECT_THAT(text, HasSubstr("flashdraft_workers{state=\"training\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_workers{state=\"waiting\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_workers_missing 1\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_membership_epoch 3\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_steps_reissued_total 2\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_recovery_duration_seconds_count 1\n"));
   EXPECT_THAT(text, HasSubstr("flashdraft_stream_bytes_total{direction=\"sent\"} 4096\n"));
 }
 

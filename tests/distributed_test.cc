@@ -27,6 +27,7 @@ namespace {
 using ::flashdraft::testing::HttpGet;
 using ::flashdraft::testing::RunCommand;
 using ::flashdraft::testing::ShellQuote;
+using ::flashdraft::testing::StartProcess;
 using ::flashdraft::testing::TempDir;
 using ::testing::HasSubstr;
 
@@ -47,7 +48,9 @@ checkpoint: {every_steps: 10, keep_last: 5}
 )");
 }
 
+using ::flashdraft::testing::FindProcess;
 using ::flashdraft::testing::FirstDifferentStep;
+using ::flashdraft::testing::ReadEvents;
 using ::flashdraft::testing::ReadSteps;
 
 class DistributedTest : public ::testing::Test {
@@ -348,6 +351,48 @@ TEST(LaunchTest, BadInputFailsClearly) {
 
 namespace flashdraft {
 namespace {
+
+// Elastic membership: `kill -9` one of 3 workers while the job runs. The coordinator sees its
+// stream break, starts a new epoch with the 2 survivors (new ranks, a new Gloo group under
+// epoch/2), sends the uncommitted steps again, and the job finishes — with every step's numbers
+// and the exported drafter equal, to the bit, to the run that had 1 worker throughout.
+TEST_F(DistributedTest, AWorkerKilledMidRunChangesNoNumber) {
+  ASSERT_EQ(exit_codes_[1], 0) << outputs_[1];
+  const std::string out = dir_->Join("killed");
+  std::filesystem::create_directories(out);
+  const pid_t launch = StartProcess(
+      {kBin + "/flashdraft", "launch", dir_->Join("job.yaml"), "--workers", "3", "--out", out},
+      out + ".log");
+  ASSERT_GT(launch, 0);
+  bool started = false;
+  for (int i = 0; i < 3000 && !started; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    started = ReadSteps(out + "/steps.jsonl").size() >= 3;
+  }
+  ASSERT_TRUE(started) << *ReadFile(out + ".log");
+  int port = 0;
+  std::ifstream(out + "/coordinator.port") >> port;
+  const pid_t victim =
+      FindProcess({"flashdraft-worker", absl::StrCat("127.0.0.1:", port), "--id worker-1"});
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(launch, &status, 0), launch);
+  const std::string log = *ReadFile(out + ".log");
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log;
+  const auto steps = ReadSteps(out + "/steps.jsonl");
+  EXPECT_EQ(FirstDifferentStep(ReadSteps(dir_->Join("run1/steps.jsonl")), steps), "") << log;
+  ASSERT_EQ(steps.size(), 30u);
+  EXPECT_EQ(steps.front()["world_size"], 3);
+  EXPECT_EQ(steps.back()["world_size"], 2) << "the worker was killed after the last step";
+  const auto events = ReadEvents(out + "/steps.jsonl");
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.front()["world_size"], 3);
+  EXPECT_EQ(events.back()["world_size"], 2);
+  EXPECT_GT(events.back()["membership_epoch"].get<int>(), 1);
+  EXPECT_TRUE(*ReadFile(dir_->Join("run1/drafter/model.safetensors")) ==
+              *ReadFile(out + "/drafter/model.safetensors"));
+}
 
 TEST_F(DistributedTest, CtrlCStopsEveryProcess) {
   const std::string out = dir_->Join("interrupted");

@@ -134,9 +134,8 @@ train: {max_steps: 24, global_batch_size: 8, learning_rate: 0.003, warmup_ratio:
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("job finished: 24 steps"));
   std::vector<double> losses;
-  std::ifstream steps(dir.Join("run/steps.jsonl"));
-  for (std::string line; std::getline(steps, line);) {
-    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  for (const auto& step : ::flashdraft::testing::ReadSteps(dir.Join("run/steps.jsonl"))) {
+    losses.push_back(step["loss"].get<double>());
   }
   ASSERT_EQ(losses.size(), 24u);
   const double first = (losses[0] + losses[1] + losses[2]) / 3;

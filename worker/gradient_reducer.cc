@@ -63,11 +63,6 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, Collective* 
 
 GradientReducer::~GradientReducer() {
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
-  // Buckets still in flight (a failed step) must finish before their memory goes.
-  absl::MutexLock lock(&mu_);
-  for (Bucket& b : buckets_) {
-    if (b.work) (void)b.work->Wait();
-  }
 }
 
 torch::Tensor& GradientReducer::Slot(Bucket& b, int slot) {
@@ -110,8 +105,7 @@ absl::Status GradientReducer::BeginStep(int64_t num_shards, const std::vector<in
   }
   absl::MutexLock lock(&mu_);
   for (Bucket& b : buckets_) {
-    if (b.work) (void)b.work->Wait();
-    b.work.reset();
+    b.work.reset();  // a failed step's: dropping it does not wait
     b.started = false;
     b.merged = true;
   }
@@ -148,8 +142,7 @@ void GradientReducer::Prepare() {
     ++next_shard_;
   } else {
     for (Bucket& b : buckets_) {
-      if (b.work) (void)b.work->Wait();
-      b.work.reset();
+      b.work.reset();  // a failed step's: dropping it does not wait
       b.started = false;
     }
     current_slot_ = 0;
@@ -239,17 +232,18 @@ void GradientReducer::StartBucket(Bucket& b) {
   bytes_sent_ += static_cast<uint64_t>((world - 1) * m * b.slice * element);
 }
 
-absl::Status GradientReducer::Finish() {
+absl::Status GradientReducer::Finish(const AbortCheck& abort) {
   if (num_buckets_ == 0) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  if (options_.ordered) return FinishOrdered();
+  if (options_.ordered) return FinishOrdered(abort);
   in_backward_ = false;
   while (next_to_start_ < buckets_.size()) StartBucket(buckets_[next_to_start_++]);
   absl::Status status = error_;
   for (Bucket& b : buckets_) {
-    absl::Status s = b.work->Wait();
+    absl::Status s = b.work->Wait(abort);
     b.work.reset();
     if (status.ok() && !s.ok()) status = s;
+    if (absl::IsAborted(s)) return s;
   }
   if (!status.ok()) return status;
   // The sums are in the buckets; a gradient replaced after its hook would not see them.
@@ -262,7 +256,7 @@ absl::Status GradientReducer::Finish() {
   return absl::OkStatus();
 }
 
-absl::Status GradientReducer::FinishOrdered() {
+absl::Status GradientReducer::FinishOrdered(const AbortCheck& abort) {
   torch::NoGradGuard no_grad;
   in_backward_ = false;
   const int world = collective_->world_size(), rank = collective_->rank();
@@ -288,8 +282,9 @@ absl::Status GradientReducer::FinishOrdered() {
   std::vector<std::unique_ptr<CollectiveWork>> gathers;
   const int64_t element = buckets_.empty() ? 4 : buckets_[0].slots[0].element_size();
   for (Bucket& b : buckets_) {
-    absl::Status s = b.work->Wait();
+    absl::Status s = b.work->Wait(abort);
     b.work.reset();
+    if (absl::IsAborted(s)) return s;
     if (status.ok() && !s.ok()) status = s;
     if (!status.ok()) continue;  // a failed exchange: starting more collectives would only hang
     // This rank's slice: the tree over everyone's nodes, in the tree's own order.
@@ -310,7 +305,8 @@ absl::Status GradientReducer::FinishOrdered() {
     bytes_sent_ += static_cast<uint64_t>((world - 1) * b.slice * element);
   }
   for (auto& g : gathers) {
-    absl::Status s = g->Wait();
+    absl::Status s = g->Wait(abort);
+    if (absl::IsAborted(s)) return s;
     if (status.ok() && !s.ok()) status = s;
   }
   for (Bucket& b : buckets_) b.send = b.recv = torch::Tensor();

@@ -47,6 +47,8 @@ struct GradientReducerOptions {
 class GradientReducer {
  public:
   // `collective` must outlive the reducer. Plain with one rank: nothing is hooked or reduced.
+  // Destroying it does not wait for exchanges in flight (a superseded group's may never end); the
+  // backend keeps their tensors alive.
   GradientReducer(std::vector<torch::Tensor> params, Collective* collective,
                   GradientReducerOptions options);
   ~GradientReducer();
@@ -62,8 +64,9 @@ class GradientReducer {
   // rearms the buckets. One backward per Prepare; a shard with no backward contributes zeros.
   void Prepare();
   // After the last local shard: starts what has not started and waits for all. The parameters'
-  // gradients then hold the sums over all shards of all ranks.
-  absl::Status Finish();
+  // gradients then hold the sums over all shards of all ranks. ABORTED as soon as abort() says so
+  // (the step is dropped: a new membership epoch superseded this group).
+  absl::Status Finish(const AbortCheck& abort = nullptr);
 
   size_t num_buckets() const { return num_buckets_; }
   // How many buckets of the last step started before Finish(), i.e. overlapped with backward.
@@ -97,7 +100,7 @@ class GradientReducer {
   void MergeShard(Bucket& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   torch::Tensor& Slot(Bucket& b, int slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const torch::Tensor& Alias(int slot, size_t param) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status FinishOrdered() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status FinishOrdered(const AbortCheck& abort) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Fixed at construction.
   const std::vector<torch::Tensor> params_;

@@ -3,20 +3,24 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/blocking_queue.h"
 #include "common/chunk_wire.h"
+#include "common/crc32c.h"
 #include "common/dtype.h"
 #include "common/grpc_status.h"
 #include "common/job_config.h"
@@ -43,13 +47,15 @@ double Since(Clock::time_point t) {
 
 // What the reader thread hands the training thread.
 struct Item {
-  enum Kind { kBatch, kCommit, kShutdown, kError } kind;
+  enum Kind { kBatch, kCommit, kReform, kShutdown, kError } kind;
   v1::Microbatch header;
   std::map<std::string, torch::Tensor> tensors;
   uint64_t step = 0;
   std::string text;
   bool job_finished = false;  // kShutdown: the job trained all its steps
   bool checkpoint = false;    // kCommit: rank 0 uploads its state after applying the step
+  uint64_t epoch = 0;         // kCommit: the membership epoch it belongs to
+  v1::Reform reform;          // kReform
 };
 
 using ItemQueue = BlockingQueue<Item>;
@@ -220,6 +226,81 @@ absl::Status UploadCheckpoint(DrafterImpl& drafter, torch::optim::AdamW& optimiz
   return absl::OkStatus();
 }
 
+// Every parameter's AdamW state, created as AdamW itself creates it on its first step (step 0,
+// zero moments) where it is missing, so that every member has the same tensors to compare and
+// to broadcast.
+void EnsureOptimizerState(DrafterImpl& drafter, torch::optim::AdamW& optimizer) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : drafter.parameters()) {
+    const std::string key = StateKey(p);
+    if (optimizer.state().count(key)) continue;
+    auto state = std::make_unique<torch::optim::AdamWParamState>();
+    state->step(0);
+    state->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    state->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    optimizer.state()[key] = std::move(state);
+  }
+}
+
+// The training state a member holds: parameters, AdamW moments and steps, in parameter order.
+std::vector<torch::Tensor> TrainingState(DrafterImpl& drafter, torch::optim::AdamW& optimizer,
+                                         torch::Tensor* steps) {
+  EnsureOptimizerState(drafter, optimizer);
+  std::vector<torch::Tensor> out;
+  std::vector<int64_t> step_values;
+  for (auto& p : drafter.parameters()) {
+    auto& state = static_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(StateKey(p)));
+    out.push_back(p.detach());
+    out.push_back(state.exp_avg());
+    out.push_back(state.exp_avg_sq());
+    step_values.push_back(state.step());
+  }
+  *steps = torch::tensor(step_values, torch::kInt64);
+  return out;
+}
+
+// After a new group formed: with `sync`, rank 0 (a member that trained) sends its parameters and
+// optimizer state to everyone (a worker that joined a running job gets them so); then every
+// member proves it holds the same state as rank 0 — a CRC-32C of every byte, all-gathered.
+absl::Status SyncTrainingState(DrafterImpl& drafter, torch::optim::AdamW& optimizer,
+                               Collective& collective, bool sync, const AbortCheck& abort) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor steps;
+  std::vector<torch::Tensor> state = TrainingState(drafter, optimizer, &steps);
+  if (sync) {
+    std::vector<std::unique_ptr<CollectiveWork>> works;
+    for (torch::Tensor& t : state) works.push_back(collective.StartBroadcast(t, 0));
+    works.push_back(collective.StartBroadcast(steps, 0));
+    for (auto& w : works) FD_RETURN_IF_ERROR(w->Wait(abort));
+    const auto step_values = steps.accessor<int64_t, 1>();
+    int64_t i = 0;
+    for (auto& p : drafter.parameters()) {
+      static_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(StateKey(p)))
+          .step(step_values[i++]);
+    }
+  }
+  uint32_t crc = 0;
+  for (const torch::Tensor& t : state) {
+    const torch::Tensor c = t.contiguous();
+    crc = Crc32cExtend(crc, c.data_ptr(), c.nbytes());
+  }
+  crc = Crc32cExtend(crc, steps.data_ptr(), steps.nbytes());
+  torch::Tensor mine = torch::full({1}, static_cast<int64_t>(crc), torch::kInt64);
+  torch::Tensor all = torch::zeros({collective.world_size()}, torch::kInt64);
+  std::vector<torch::Tensor> outputs;
+  for (int r = 0; r < collective.world_size(); ++r) outputs.push_back(all.narrow(0, r, 1));
+  FD_RETURN_IF_ERROR(collective.StartAllGather(outputs, mine)->Wait(abort));
+  const auto crcs = all.accessor<int64_t, 1>();
+  for (int r = 1; r < collective.world_size(); ++r) {
+    if (crcs[r] != crcs[0]) {
+      return absl::DataLossError(absl::StrCat(
+          "after re-forming the group, rank ", r, "'s training state (CRC-32C ", crcs[r],
+          ") differs from rank 0's (", crcs[0], "): the members would train apart"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The shard layout a step's first Microbatch announces must be the job's: K virtual shards
 // (train.virtual_shards) with the deterministic reduction, one shard per rank without it; rank
 // `rank` of `world` owns at least one.
@@ -249,7 +330,7 @@ absl::Status RunWorker(const WorkerOptions& o) {
   auto channel = grpc::CreateCustomChannel(o.coordinator, grpc::InsecureChannelCredentials(), args);
   std::shared_ptr<v1::Coordinator::Stub> stub = v1::Coordinator::NewStub(channel);
 
-  // --- Join ---
+  // --- Join: admission and the job; the rank comes with the first epoch's Reform ---
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   v1::JoinRequest join;
@@ -280,23 +361,11 @@ absl::Status RunWorker(const WorkerOptions& o) {
   FD_ASSIGN_OR_RETURN(
       DrafterModelConfig config,
       ParseDrafterConfig(reply.drafter_config_json(), "the coordinator's drafter config"));
-  const int rank = static_cast<int>(reply.rank()), world = static_cast<int>(reply.world_size());
   const std::string token = reply.session_token();
   // One thread count for the whole job (train.intra_op_threads): some reductions split by it.
   torch::set_num_threads(job.train.intra_op_threads);
-  LOG(INFO) << "joined as rank " << rank << "/" << world << " with " << job.train.intra_op_threads
+  LOG(INFO) << "joined as '" << join.worker_id() << "' with " << job.train.intra_op_threads
             << " intra-op thread(s)";
-
-  // --- Collective, rendezvous over the coordinator's store ---
-  const auto timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(job.cluster.collective_timeout_seconds * 1000));
-  auto store = c10::make_intrusive<GrpcStore>(stub, token, timeout);
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(reply.store_prefix(), store);
-  GlooOptions gloo;
-  gloo.timeout = timeout;
-  gloo.interface = job.cluster.collective_interface;
-  FD_ASSIGN_OR_RETURN(std::unique_ptr<GlooCollective> collective,
-                      GlooCollective::Create(prefixed, rank, world, gloo));
 
   // --- Model: frozen target tensors and the starting weights, both from the coordinator ---
   FD_ASSIGN_OR_RETURN(auto fetched, FetchTensors(channel, token));
@@ -312,14 +381,20 @@ absl::Status RunWorker(const WorkerOptions& o) {
   opt.grad_clip_norm = job.train.grad_clip_norm;
   DrafterTrainer trainer(drafter, opt);
   FD_RETURN_IF_ERROR(LoadOptimizerState(*drafter, fetched, trainer.optimizer()));
+  fetched.clear();
   GradientReducerOptions reduction;
   reduction.bucket_bytes = static_cast<size_t>(job.cluster.allreduce_bucket_mib * (1 << 20));
   reduction.ordered = job.train.deterministic_reduction;
   const int64_t virtual_shards = EffectiveVirtualShards(job);
-  GradientReducer reducer(params, collective.get(), reduction);
   const double gamma = job.drafter.loss_decay_gamma > 0
                            ? job.drafter.loss_decay_gamma
                            : DefaultLossDecayGamma(job.drafter.block_size).value_or(7.0);
+  const auto timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(job.cluster.collective_timeout_seconds * 1000));
+  auto store = c10::make_intrusive<GrpcStore>(stub, token, timeout);
+  GlooOptions gloo;
+  gloo.timeout = timeout;
+  gloo.interface = job.cluster.collective_interface;
 
   // --- The Train stream: a reader thread, a heartbeat thread, this training thread ---
   grpc::ClientContext stream_ctx;
@@ -336,13 +411,20 @@ absl::Status RunWorker(const WorkerOptions& o) {
     hello.mutable_heartbeat()->set_unix_millis(0);
     if (!write(hello)) return absl::UnavailableError("the coordinator closed the Train stream");
   }
+  // The newest membership epoch announced: a collective of an older one is abandoned at once.
+  std::atomic<uint64_t> newest_epoch{0};
   // The reader thread receives, parses and assembles tensors (CRC + one copy straight out of
   // gRPC's buffers, while they are still in this core's cache); the training thread consumes whole
   // microbatches. (A separate decoder thread measured slower: the chunk's bytes had to move to
   // another core first.)
   ItemQueue queue;
   std::thread reader([&] {
-    auto fail = [&](std::string why) { queue.Push(Item{Item::kError, {}, {}, 0, std::move(why)}); };
+    auto fail = [&](std::string why) {
+      Item item;
+      item.kind = Item::kError;
+      item.text = std::move(why);
+      queue.Push(std::move(item));
+    };
     grpc::ByteBuffer buffer;
     v1::CoordinatorMessage msg;
     ReceivedChunk chunk;
@@ -377,10 +459,14 @@ absl::Status RunWorker(const WorkerOptions& o) {
       if (!BufferToMessage(buffer, &msg)) {
         return fail("the coordinator sent a malformed CoordinatorMessage");
       }
+      Item item;
       switch (msg.kind_case()) {
         case v1::CoordinatorMessage::kMicrobatch:
           if (remaining != 0) return fail("a microbatch began before the previous one ended");
-          pending = Item{Item::kBatch, msg.microbatch(), {}, msg.microbatch().step(), ""};
+          pending = Item();
+          pending.kind = Item::kBatch;
+          pending.header = msg.microbatch();
+          pending.step = msg.microbatch().step();
           remaining = msg.microbatch().num_tensors();
           if (remaining == 0) queue.Push(std::move(pending));
           break;
@@ -388,18 +474,30 @@ absl::Status RunWorker(const WorkerOptions& o) {
           if (!add([&](TensorAssembler& a) { return a.Add(msg.tensor_chunk()); })) return;
           break;
         case v1::CoordinatorMessage::kCommit:
-          queue.Push(Item{
-              Item::kCommit, {}, {}, msg.commit().step(), "", false, msg.commit().checkpoint()});
+          item.kind = Item::kCommit;
+          item.step = msg.commit().step();
+          item.epoch = msg.commit().membership_epoch();
+          item.checkpoint = msg.commit().checkpoint();
+          queue.Push(std::move(item));
+          break;
+        case v1::CoordinatorMessage::kReform:
+          if (remaining != 0) return fail("a Reform arrived inside a microbatch");
+          newest_epoch = std::max<uint64_t>(newest_epoch, msg.reform().membership_epoch());
+          item.kind = Item::kReform;
+          item.reform = msg.reform();
+          queue.Push(std::move(item));
           break;
         case v1::CoordinatorMessage::kShutdown:
-          queue.Push(Item{
-              Item::kShutdown, {}, {}, 0, msg.shutdown().reason(), msg.shutdown().job_finished()});
+          item.kind = Item::kShutdown;
+          item.text = msg.shutdown().reason();
+          item.job_finished = msg.shutdown().job_finished();
+          queue.Push(std::move(item));
           return;
         default:
           break;
       }
     }
-    queue.Push(Item{Item::kError, {}, {}, 0, "the coordinator closed the Train stream"});
+    fail("the coordinator closed the Train stream");
   });
   std::mutex stop_mu;
   std::condition_variable stop_cv;
@@ -418,8 +516,70 @@ absl::Status RunWorker(const WorkerOptions& o) {
     }
   });
 
+  // --- Membership: the collective of the current epoch ---
+  uint64_t epoch = 0;  // 0: not a member yet
+  int rank = -1, world = 0;
+  bool broken = false;  // this epoch's collective failed: its steps are dropped until a Reform
+  std::unique_ptr<GlooCollective> collective;
+  std::unique_ptr<GradientReducer> reducer;
+  const AbortCheck superseded = [&] { return newest_epoch.load() > epoch; };
+  // Leaves the current group: uncommitted gradients are dropped (every member is then exactly
+  // "after the last committed step"). The old group is never destroyed: it may be stuck in a
+  // collective with a vanished peer, and its threads give up by themselves at the collective
+  // timeout.
+  auto leave_group = [&] {
+    trainer.DiscardGradients();
+    reducer.reset();
+    (void)collective.release();
+  };
+  auto report_collective_failure = [&](uint64_t step, const absl::Status& why) {
+    LOG(WARNING) << "epoch " << epoch << " step " << step << ": " << why.message()
+                 << "; waiting for the coordinator to re-form the group";
+    v1::WorkerMessage m;
+    v1::CollectiveFailure* f = m.mutable_collective_failure();
+    f->set_step(step);
+    f->set_membership_epoch(epoch);
+    f->set_error(std::string(why.message()));
+    write(m);
+    broken = true;
+  };
+  // Joins the group of a new epoch. OK, ABORTED (a newer epoch came meanwhile), UNAVAILABLE (the
+  // group could not form: reported, the coordinator re-forms) or a fatal error.
+  auto reform = [&](const v1::Reform& r) -> absl::Status {
+    leave_group();
+    epoch = r.membership_epoch();
+    rank = static_cast<int>(r.rank());
+    world = static_cast<int>(r.world_size());
+    broken = false;
+    const auto start = Clock::now();
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(r.store_prefix(), store);
+    absl::StatusOr<std::unique_ptr<GlooCollective>> formed =
+        GlooCollective::Create(prefixed, rank, world, gloo, superseded);
+    if (!formed.ok()) return formed.status();
+    collective = *std::move(formed);
+    reducer = std::make_unique<GradientReducer>(params, collective.get(), reduction);
+    FD_RETURN_IF_ERROR(
+        SyncTrainingState(*drafter, trainer.optimizer(), *collective, r.sync_state(), superseded));
+    LOG(INFO) << absl::StrFormat(
+        "membership epoch %d: rank %d of %d from step %d%s (group formed in %.2f s)", epoch, rank,
+        world, r.next_step(), r.sync_state() ? ", state synchronized from rank 0" : "",
+        Since(start));
+    return absl::OkStatus();
+  };
+  // Handles a Reform: true to go on, false with `result` set when the worker must stop.
   absl::Status result;
-  std::deque<Item> batches;  // shards of later steps that arrived while waiting for a commit
+  auto handle_reform = [&](const v1::Reform& r) {
+    absl::Status s = reform(r);
+    if (s.ok() || absl::IsAborted(s)) return true;  // aborted: the newer Reform is queued
+    if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
+      report_collective_failure(r.next_step(), s);
+      return true;
+    }
+    result = s;
+    return false;
+  };
+
+  std::deque<Item> batches;  // items that arrived while waiting for a commit
   auto next_item = [&] {
     if (batches.empty()) return *queue.Pop();
     Item item = std::move(batches.front());
@@ -445,7 +605,16 @@ absl::Status RunWorker(const WorkerOptions& o) {
       result = absl::UnavailableError(item.text);
       break;
     }
-    if (item.kind != Item::kBatch) continue;
+    if (item.kind == Item::kReform) {
+      if (!handle_reform(item.reform)) break;
+      continue;
+    }
+    // A step of another epoch, or of one whose collective failed, is dropped: the coordinator
+    // sends it again in the next epoch.
+    if (item.kind != Item::kBatch || item.header.membership_epoch() != epoch || broken ||
+        !reducer) {
+      continue;
+    }
     // The step's layout, from its first shard: this rank computes [offsets[rank],
     // offsets[rank+1]) in order.
     const v1::Microbatch first = item.header;
@@ -453,27 +622,27 @@ absl::Status RunWorker(const WorkerOptions& o) {
     result = CheckShardLayout(first, offsets, rank, world, virtual_shards);
     if (!result.ok()) break;
     if (reduction.ordered) {
-      result = reducer.BeginStep(first.num_shards(), offsets);
+      result = reducer->BeginStep(first.num_shards(), offsets);
       if (!result.ok()) break;
     }
     v1::StepAck ack;
     ack.set_step(first.step());
     ack.set_membership_epoch(first.membership_epoch());
     double forward = 0, backward = 0;
+    std::optional<Item> interrupt;  // a Reform, Shutdown or error that arrived mid-step
     for (int64_t shard = offsets[rank]; shard < offsets[rank + 1] && result.ok(); ++shard) {
       if (shard > offsets[rank]) {
         wait_start = Clock::now();
         item = next_item();
         wait += Since(wait_start);
         if (item.kind != Item::kBatch) {
-          result = absl::UnavailableError(
-              item.kind == Item::kError ? item.text
-                                        : absl::StrCat("the step ended before its shard ", shard));
+          interrupt = std::move(item);
           break;
         }
       }
       const v1::Microbatch& h = item.header;
-      if (h.step() != first.step() || h.shard() != shard) {
+      if (h.step() != first.step() || h.shard() != shard ||
+          h.membership_epoch() != first.membership_epoch()) {
         result = absl::DataLossError(absl::StrCat("expected shard ", shard, " of step ",
                                                   first.step(), ", the coordinator sent shard ",
                                                   h.shard(), " of step ", h.step()));
@@ -489,7 +658,7 @@ absl::Status RunWorker(const WorkerOptions& o) {
                          item.tensors["hidden_states"], item.tensors["anchors"]};
       // Gradients accumulate into the reducer's buckets, whose exchanges start during the last
       // shard's backward.
-      reducer.Prepare();
+      reducer->Prepare();
       if (!batch.input_ids.defined() || batch.input_ids.size(0) == 0) continue;
       try {
         auto t = Clock::now();
@@ -512,18 +681,28 @@ absl::Status RunWorker(const WorkerOptions& o) {
       }
     }
     if (!result.ok()) break;
+    if (interrupt) {
+      // The step cannot finish in this epoch: drop it and handle what interrupted it.
+      trainer.DiscardGradients();
+      batches.push_front(std::move(*interrupt));
+      continue;
+    }
     // Every rank takes part in every reduction. What is timed is the part of the exchange that
     // backward did not hide.
     auto t = Clock::now();
-    result = reducer.Finish();
-    if (!result.ok()) break;
+    absl::Status reduced = reducer->Finish(superseded);
+    if (!reduced.ok()) {
+      trainer.DiscardGradients();
+      if (!absl::IsAborted(reduced)) report_collective_failure(first.step(), reduced);
+      continue;
+    }
     v1::PhaseTimings* timings = ack.mutable_timings();
     timings->set_wait_seconds(wait);
     timings->set_forward_seconds(forward);
     timings->set_backward_seconds(backward);
     timings->set_allreduce_seconds(Since(t));
     timings->set_optimizer_seconds(last_optimizer_seconds);  // the previous step's
-    ack.set_collective_bytes(reducer.bytes_sent());
+    ack.set_collective_bytes(reducer->bytes_sent());
     v1::WorkerMessage m;
     *m.mutable_ack() = ack;
     if (!write(m)) {
@@ -535,13 +714,21 @@ absl::Status RunWorker(const WorkerOptions& o) {
       Item next = *queue.Pop();
       if (next.kind == Item::kBatch) {
         batches.push_back(std::move(next));
-      } else if (next.kind == Item::kCommit && next.step == first.step()) {
+      } else if (next.kind == Item::kCommit && next.step == first.step() && next.epoch == epoch) {
         t = Clock::now();
         trainer.ApplyWithLearningRate(first.learning_rate());
         last_optimizer_seconds = Since(t);
         if (next.checkpoint && rank == 0) {
           result = UploadCheckpoint(*drafter, trainer.optimizer(), first.step() + 1, write);
         }
+        break;
+      } else if (next.kind == Item::kCommit) {
+        continue;  // of another epoch
+      } else if (next.kind == Item::kReform) {
+        // The step will not commit in this epoch: every member drops it.
+        trainer.DiscardGradients();
+        batches.clear();  // all of older epochs
+        if (!handle_reform(next.reform)) done = true;
         break;
       } else if (next.kind == Item::kShutdown) {
         trainer.DiscardGradients();
@@ -572,6 +759,9 @@ absl::Status RunWorker(const WorkerOptions& o) {
   if (!result.ok()) stream_ctx.TryCancel();
   reader.join();
   stream->Finish();
+  // A group that may be stuck with a vanished peer is left to its own threads.
+  reducer.reset();
+  (void)collective.release();
   return result;
 }
 

@@ -1,6 +1,7 @@
 #include "tests/support/test_util.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -130,6 +132,35 @@ absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path) {
   return out;
 }
 
+int StartProcess(const std::vector<std::string>& argv, const std::string& log) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int FindProcess(const std::vector<std::string>& parts) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    bool all = !cmdline.empty();
+    for (const std::string& p : parts) all = all && cmdline.find(p) != std::string::npos;
+    if (all) return std::stoi(name);
+  }
+  return -1;
+}
+
 std::vector<nlohmann::json> ReadSteps(const std::string& path) {
   std::vector<nlohmann::json> out;
   std::ifstream in(path);
@@ -137,7 +168,18 @@ std::vector<nlohmann::json> ReadSteps(const std::string& path) {
   while (std::getline(in, line)) {
     // A line still being written by a running job is left out.
     nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!record.is_discarded()) out.push_back(std::move(record));
+    if (!record.is_discarded() && record.contains("step")) out.push_back(std::move(record));
+  }
+  return out;
+}
+
+std::vector<nlohmann::json> ReadEvents(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_discarded() && record.contains("event")) out.push_back(std::move(record));
   }
   return out;
 }

@@ -44,6 +44,12 @@ CommandResult RunCommand(const std::string& command);
 
 std::string ShellQuote(const std::string& s);
 
+// Starts argv[0] with `argv` in the background, stdout and stderr into the file `log`; its pid.
+int StartProcess(const std::vector<std::string>& argv, const std::string& log);
+
+// The pid of a process whose command line contains every one of `parts`, or -1.
+int FindProcess(const std::vector<std::string>& parts);
+
 // `n` bytes from a seeded generator (the same bytes for the same seed).
 std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed);
 
@@ -54,8 +60,10 @@ struct HttpResponse {
 };
 absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path);
 
-// The records of a steps.jsonl, one JSON object per line (none for a missing file).
+// The step records of a steps.jsonl (objects with a "step"; none for a missing file).
 std::vector<nlohmann::json> ReadSteps(const std::string& path);
+// Its event records (objects with an "event": membership changes).
+std::vector<nlohmann::json> ReadEvents(const std::string& path);
 
 // Bitwise comparison of two runs' step records: "" when they have the same steps and every step's
 // loss, slot accuracies, τ estimate, weight sum and tokens are the same numbers as written (the

@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -12,12 +13,18 @@
 
 namespace flashdraft {
 
-// A collective that was started and runs on the backend's threads.
+// Asked while a wait blocks: true gives up waiting (a new membership epoch superseded the group).
+using AbortCheck = std::function<bool()>;
+
+// A collective that was started and runs on the backend's threads. Dropping it without waiting is
+// safe: the backend keeps the tensors it works on alive until it is done with them.
 class CollectiveWork {
  public:
   virtual ~CollectiveWork() = default;
-  // Blocks until it completed; the error when it failed or timed out.
-  virtual absl::Status Wait() = 0;
+  // Blocks until it completed; the error when it failed or timed out. With `abort`, gives up with
+  // ABORTED as soon as abort() says so (a peer that went silent cannot hold the worker for the
+  // whole collective timeout).
+  virtual absl::Status Wait(const AbortCheck& abort = nullptr) = 0;
 };
 
 class Collective {
@@ -38,6 +45,8 @@ class Collective {
   // `input`, none of them `input` itself).
   virtual std::unique_ptr<CollectiveWork> StartAllGather(std::vector<torch::Tensor> outputs,
                                                          torch::Tensor input) = 0;
+  // Starts sending `root`'s `tensor` into every other rank's `tensor`.
+  virtual std::unique_ptr<CollectiveWork> StartBroadcast(torch::Tensor tensor, int root) = 0;
   virtual absl::Status Barrier() = 0;
 };
 

@@ -1,5 +1,10 @@
 #include "worker/collective/gloo_collective.h"
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 
 namespace flashdraft {
@@ -28,8 +33,15 @@ class GlooWork : public CollectiveWork {
   GlooWork(const char* what, c10::intrusive_ptr<c10d::Work> work, absl::Status start,
            std::vector<torch::Tensor> keep = {})
       : what_(what), work_(std::move(work)), status_(std::move(start)), keep_(std::move(keep)) {}
-  absl::Status Wait() override {
+  absl::Status Wait(const AbortCheck& abort) override {
     if (work_ && status_.ok()) {
+      if (abort) {
+        // Poll, so that a superseded group's collective cannot block the training thread.
+        while (!work_->isCompleted()) {
+          if (abort()) return absl::AbortedError(absl::StrCat("gloo ", what_, " abandoned"));
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+      }
       try {
         work_->wait();
       } catch (const std::exception& e) {
@@ -65,21 +77,54 @@ std::unique_ptr<CollectiveWork> Done(const char* what) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(
-    c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, const GlooOptions& options) {
+    c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, const GlooOptions& options,
+    const AbortCheck& abort) {
+  // The rendezvous runs on a thread of its own; an abandoned one finishes (or times out) there.
+  struct Shared {
+    std::mutex mu;
+    bool done = false;
+    c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+    std::string error;
+  };
+  auto shared = std::make_shared<Shared>();
+  std::thread([shared, store, rank, world_size, options] {
+    c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+    std::string error;
+    try {
+      auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
+      opts->devices.push_back(
+          options.interface.empty()
+              ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+              : c10d::ProcessGroupGloo::createDeviceForInterface(options.interface));
+      group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    std::lock_guard<std::mutex> lock(shared->mu);
+    shared->group = std::move(group);
+    shared->error = std::move(error);
+    shared->done = true;
+  }).detach();
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(shared->mu);
+      if (shared->done) break;
+    }
+    if (abort && abort()) {
+      return absl::AbortedError(
+          absl::StrCat("forming the Gloo group (rank ", rank, " of ", world_size, ") abandoned"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::lock_guard<std::mutex> lock(shared->mu);
+  if (!shared->group) {
+    return absl::UnavailableError(absl::StrCat("cannot form the Gloo process group (rank ", rank,
+                                               " of ", world_size, "): ", shared->error));
+  }
   auto c = std::unique_ptr<GlooCollective>(new GlooCollective());
   c->rank_ = rank;
   c->world_size_ = world_size;
-  try {
-    auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
-    opts->devices.push_back(
-        options.interface.empty()
-            ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-            : c10d::ProcessGroupGloo::createDeviceForInterface(options.interface));
-    c->group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot form the Gloo process group (rank ", rank,
-                                               " of ", world_size, "): ", e.what()));
-  }
+  c->group_ = std::move(shared->group);
   return c;
 }
 
@@ -119,6 +164,16 @@ std::unique_ptr<CollectiveWork> GlooCollective::StartAllGather(std::vector<torch
     std::vector<std::vector<torch::Tensor>> out = {outputs};
     std::vector<torch::Tensor> in = {input};
     return group_->allgather(out, in);
+  });
+}
+
+std::unique_ptr<CollectiveWork> GlooCollective::StartBroadcast(torch::Tensor tensor, int root) {
+  if (world_size_ == 1) return Done("broadcast");
+  return Start("broadcast", {tensor}, [&] {
+    std::vector<torch::Tensor> tensors = {tensor};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    return group_->broadcast(tensors, opts);
   });
 }
 

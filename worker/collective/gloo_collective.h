@@ -18,8 +18,11 @@ struct GlooOptions {
 
 class GlooCollective : public Collective {
  public:
+  // Forms the group (a rendezvous over `store` with every other rank). With `abort`, gives up with
+  // ABORTED when abort() says so; the rendezvous then finishes or times out on a thread of its own.
   static absl::StatusOr<std::unique_ptr<GlooCollective>> Create(
-      c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, const GlooOptions& options);
+      c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, const GlooOptions& options,
+      const AbortCheck& abort = nullptr);
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
@@ -29,6 +32,7 @@ class GlooCollective : public Collective {
                                                 std::vector<int64_t> recv_rows) override;
   std::unique_ptr<CollectiveWork> StartAllGather(std::vector<torch::Tensor> outputs,
                                                  torch::Tensor input) override;
+  std::unique_ptr<CollectiveWork> StartBroadcast(torch::Tensor tensor, int root) override;
   absl::Status Barrier() override;
 
  private:

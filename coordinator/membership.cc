@@ -1,0 +1,171 @@
+#include "coordinator/membership.h"
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace flashdraft {
+namespace {
+
+std::string RandomToken() {
+  std::random_device rd;
+  return absl::StrFormat("%016x%016x", (uint64_t{rd()} << 32) | rd(),
+                         (uint64_t{rd()} << 32) | rd());
+}
+
+}  // namespace
+
+const char* MemberStateName(MemberState state) {
+  switch (state) {
+    case MemberState::kJoined:
+      return "joined";
+    case MemberState::kReady:
+      return "ready";
+    case MemberState::kActive:
+      return "active";
+  }
+  return "?";
+}
+
+Membership::Membership(MembershipOptions options, const Clock& clock)
+    : options_(options), clock_(clock) {}
+
+absl::StatusOr<std::string> Membership::Admit(const std::string& worker_id) {
+  if (static_cast<int>(members_.size()) >= options_.max_workers) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the job is full (", options_.max_workers, " workers)"));
+  }
+  std::string token = RandomToken();
+  MemberInfo& m = members_[token];
+  m.token = token;
+  m.worker_id = worker_id;
+  m.state = MemberState::kJoined;
+  m.since = m.last_heard = clock_.Now();
+  order_[token] = next_order_++;
+  return token;
+}
+
+absl::Status Membership::Bind(const std::string& token) {
+  auto it = members_.find(token);
+  if (it == members_.end()) {
+    return absl::NotFoundError("unknown or expired session token (join again)");
+  }
+  if (it->second.state != MemberState::kJoined) {
+    return absl::AlreadyExistsError("this session token has a Train stream already");
+  }
+  it->second.state = MemberState::kReady;
+  it->second.since = it->second.last_heard = clock_.Now();
+  return absl::OkStatus();
+}
+
+bool Membership::Valid(const std::string& token) const { return members_.count(token) > 0; }
+
+void Membership::Heard(const std::string& token) {
+  auto it = members_.find(token);
+  if (it != members_.end()) it->second.last_heard = clock_.Now();
+}
+
+bool Membership::Remove(const std::string& token) {
+  auto it = members_.find(token);
+  if (it == members_.end()) return false;
+  const bool was_active = it->second.state == MemberState::kActive;
+  members_.erase(it);
+  order_.erase(token);
+  if (was_active) lost_active_ = true;
+  return was_active;
+}
+
+std::vector<std::string> Membership::Expire() {
+  const double now = clock_.Now();
+  std::vector<std::string> gone;
+  for (const auto& [token, m] : members_) {
+    const bool silent = m.state == MemberState::kJoined
+                            ? now - m.since > options_.bind_timeout_seconds
+                            : now - m.last_heard > options_.heartbeat_timeout_seconds;
+    if (silent) gone.push_back(token);
+  }
+  for (const std::string& token : gone) Remove(token);
+  return gone;
+}
+
+bool Membership::Changed() const {
+  if (lost_active_ || reform_requested_ || epoch_ == 0) return true;
+  return Count(MemberState::kReady) > 0 && world_size() < options_.max_workers;
+}
+
+int Membership::Available() const {
+  return std::min(options_.max_workers, Count(MemberState::kActive) + Count(MemberState::kReady));
+}
+
+EpochPlan Membership::NextEpoch() {
+  EpochPlan plan;
+  plan.epoch = ++epoch_;
+  // Survivors in their old rank order, then ready workers in join order.
+  for (const std::string& token : ranks_) {
+    if (members_.count(token) && members_[token].state == MemberState::kActive) {
+      plan.tokens.push_back(token);
+    }
+  }
+  std::vector<std::string> ready;
+  for (const auto& [token, m] : members_) {
+    if (m.state == MemberState::kReady) ready.push_back(token);
+  }
+  std::sort(ready.begin(), ready.end(),
+            [&](const std::string& a, const std::string& b) { return order_[a] < order_[b]; });
+  bool survivors_trained = false, newcomer = false;
+  for (const std::string& token : plan.tokens) survivors_trained |= members_[token].trained;
+  for (const std::string& token : ready) {
+    if (static_cast<int>(plan.tokens.size()) >= options_.max_workers) break;
+    plan.tokens.push_back(token);
+    newcomer = true;
+  }
+  plan.needs_state_sync = survivors_trained && newcomer;
+  const double now = clock_.Now();
+  for (auto& [token, m] : members_) m.rank = -1;
+  for (size_t r = 0; r < plan.tokens.size(); ++r) {
+    MemberInfo& m = members_[plan.tokens[r]];
+    if (m.state != MemberState::kActive) m.since = now;
+    m.state = MemberState::kActive;
+    m.rank = static_cast<int>(r);
+  }
+  ranks_ = plan.tokens;
+  lost_active_ = false;
+  reform_requested_ = false;
+  return plan;
+}
+
+void Membership::Committed() {
+  for (const std::string& token : ranks_) {
+    auto it = members_.find(token);
+    if (it != members_.end()) it->second.trained = true;
+  }
+}
+
+int Membership::RankOf(const std::string& token) const {
+  auto it = members_.find(token);
+  return it == members_.end() ? -1 : it->second.rank;
+}
+
+const MemberInfo* Membership::Find(const std::string& token) const {
+  auto it = members_.find(token);
+  return it == members_.end() ? nullptr : &it->second;
+}
+
+std::vector<MemberInfo> Membership::Members() const {
+  std::vector<MemberInfo> out;
+  for (const auto& [token, m] : members_) out.push_back(m);
+  std::sort(out.begin(), out.end(), [&](const MemberInfo& a, const MemberInfo& b) {
+    return order_.at(a.token) < order_.at(b.token);
+  });
+  return out;
+}
+
+int Membership::Count(MemberState state) const {
+  int n = 0;
+  for (const auto& [token, m] : members_) n += m.state == state;
+  return n;
+}
+
+}  // namespace flashdraft

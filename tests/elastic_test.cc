@@ -1,0 +1,227 @@
+// Elastic membership with real processes and real signals: a worker restarted by hand rejoins, a
+// hung (SIGSTOPped) worker is declared lost after the heartbeat timeout while the others go on,
+// and a job below cluster.min_workers pauses until a new worker comes. Every faulted run is
+// compared step by step with one uninterrupted reference run: the same steps, none missing or
+// doubled, and — with the deterministic reduction — the same numbers and exported weights, to the
+// bit. Every process a test starts is killed when it ends, whatever happened.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "tests/support/test_util.h"
+
+namespace flashdraft {
+namespace {
+
+using ::flashdraft::testing::FindProcess;
+using ::flashdraft::testing::FirstDifferentStep;
+using ::flashdraft::testing::HttpGet;
+using ::flashdraft::testing::ReadEvents;
+using ::flashdraft::testing::ReadSteps;
+using ::flashdraft::testing::RunCommand;
+using ::flashdraft::testing::StartProcess;
+using ::flashdraft::testing::TempDir;
+using ::testing::HasSubstr;
+
+const std::string kBin = FLASHDRAFT_BIN_DIR;
+constexpr int kSteps = 150;
+
+std::string JobYaml(const std::string& shards, int min_workers) {
+  return absl::StrCat(R"(
+name: elastic
+output_dir: unused
+drafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, max_anchors: 8}
+data: {source: shards, shards_dir: )",
+                      shards, R"(, max_seq_len: 64}
+train: {seed: 3, learning_rate: 0.01, max_steps: )",
+                      kSteps, R"(, global_batch_size: 6}
+cluster: {min_workers: )",
+                      min_workers, R"(, max_workers: 3, heartbeat_interval_seconds: 0.5,
+  heartbeat_timeout_seconds: 3, join_timeout_seconds: 60, collective_timeout_seconds: 60}
+checkpoint: {every_steps: 50, keep_last: 2}
+)");
+}
+
+// Processes started by a test, killed (SIGKILL, then reaped) when it ends.
+class Processes {
+ public:
+  ~Processes() {
+    for (int pid : pids_) {
+      kill(pid, SIGCONT);
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+  int Start(const std::vector<std::string>& argv, const std::string& log) {
+    const int pid = StartProcess(argv, log);
+    pids_.push_back(pid);
+    return pid;
+  }
+  // Waits for `pid` (one this test started) and returns its exit code (-signal when killed).
+  int Wait(int pid) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pids_.erase(std::remove(pids_.begin(), pids_.end(), pid), pids_.end());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  }
+
+ private:
+  std::vector<int> pids_;
+};
+
+class ElasticTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    auto r = RunCommand(absl::StrCat(kBin, "/flashdraft make-shards --out ", dir_->Join("shards"),
+                                     " --samples 96 --seq 64 --vocab 48 --hidden 32 --seed 4"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (int min : {1, 2}) {
+      ASSERT_TRUE(WriteFileAtomically(dir_->Join(absl::StrCat("job-min", min, ".yaml")),
+                                      JobYaml(dir_->Join("shards"), min))
+                      .ok());
+    }
+    // The reference: one worker, nothing happens to it.
+    r = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir_->Join("job-min1.yaml"),
+                                " --workers 1 --out ", dir_->Join("reference")));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    reference_ = new std::vector<nlohmann::json>(ReadSteps(dir_->Join("reference/steps.jsonl")));
+    ASSERT_EQ(reference_->size(), static_cast<size_t>(kSteps));
+  }
+  static void TearDownTestSuite() {
+    delete reference_;
+    delete dir_;
+  }
+
+  // Starts `flashdraft launch` on the job with `workers` into `out`; returns its pid once
+  // `steps` steps are committed.
+  int LaunchAndWait(const std::string& job, int workers, const std::string& out, size_t steps) {
+    std::filesystem::create_directories(out);
+    const int pid = processes_.Start({kBin + "/flashdraft", "launch", dir_->Join(job), "--workers",
+                                      std::to_string(workers), "--out", out},
+                                     out + ".log");
+    for (int i = 0; i < 6000 && ReadSteps(out + "/steps.jsonl").size() < steps; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_GE(ReadSteps(out + "/steps.jsonl").size(), steps) << *ReadFile(out + ".log");
+    return pid;
+  }
+  static int Port(const std::string& out) {
+    int port = 0;
+    std::ifstream(out + "/coordinator.port") >> port;
+    return port;
+  }
+  static int Worker(const std::string& out, const std::string& id) {
+    return FindProcess({"flashdraft-worker", absl::StrCat("127.0.0.1:", Port(out)), "--id " + id});
+  }
+  // The faulted run against the reference: every step to the bit, and the same drafter.
+  void ExpectSameAsReference(const std::string& out) {
+    const auto steps = ReadSteps(out + "/steps.jsonl");
+    EXPECT_EQ(FirstDifferentStep(*reference_, steps), "") << *ReadFile(out + ".log");
+    EXPECT_EQ(steps.size(), static_cast<size_t>(kSteps));
+    auto a = ReadFile(dir_->Join("reference/drafter/model.safetensors"));
+    auto b = ReadFile(out + "/drafter/model.safetensors");
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_TRUE(*a == *b) << "the exported drafters differ";
+  }
+  static std::vector<int> WorldSizes(const std::string& out) {
+    std::vector<int> sizes;
+    for (const auto& e : ReadEvents(out + "/steps.jsonl")) sizes.push_back(e["world_size"]);
+    return sizes;
+  }
+
+  static TempDir* dir_;
+  static std::vector<nlohmann::json>* reference_;
+  Processes processes_;
+};
+TempDir* ElasticTest::dir_ = nullptr;
+std::vector<nlohmann::json>* ElasticTest::reference_ = nullptr;
+
+// kill -9 one of 3 workers, then start it again by hand: it joins at a step boundary, receives
+// the parameters and optimizer state from rank 0, W returns to 3 and the numbers still match.
+TEST_F(ElasticTest, AKilledWorkerRestartedByHandRejoins) {
+  const std::string out = dir_->Join("rejoin");
+  const int launch = LaunchAndWait("job-min1.yaml", 3, out, 5);
+  const int victim = Worker(out, "worker-1");
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  for (int i = 0; i < 1000 && WorldSizes(out).size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const int again =
+      processes_.Start({kBin + "/flashdraft-worker", "--coordinator",
+                        absl::StrCat("127.0.0.1:", Port(out)), "--id", "worker-1-again"},
+                       out + ".again.log");
+  EXPECT_EQ(processes_.Wait(launch), 0) << *ReadFile(out + ".log");
+  EXPECT_EQ(processes_.Wait(again), 0) << *ReadFile(out + ".again.log");
+  ExpectSameAsReference(out);
+  EXPECT_THAT(WorldSizes(out), ::testing::ElementsAre(3, 2, 3));
+  EXPECT_THAT(*ReadFile(out + ".again.log"), HasSubstr("state synchronized from rank 0"));
+  EXPECT_EQ(ReadSteps(out + "/steps.jsonl").back()["world_size"], 3);
+}
+
+// SIGSTOP a worker (hung, not dead): its peers block in the collective until the coordinator
+// declares it lost after the heartbeat timeout and re-forms the group without it; the survivors
+// abandon the blocked collective at once. After SIGCONT it finds itself removed and exits with
+// an error; it never commits a stale step.
+TEST_F(ElasticTest, AHungWorkerIsLostAfterTheHeartbeatTimeoutAndRefusedAfterwards) {
+  const std::string out = dir_->Join("hung");
+  const int launch = LaunchAndWait("job-min1.yaml", 3, out, 5);
+  const int victim = Worker(out, "worker-2");
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGSTOP), 0);
+  for (int i = 0; i < 2000 && WorldSizes(out).size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(WorldSizes(out).size(), 2u) << "not declared lost";
+  ASSERT_EQ(kill(victim, SIGCONT), 0);
+  EXPECT_EQ(processes_.Wait(launch), 0) << *ReadFile(out + ".log");
+  ExpectSameAsReference(out);
+  EXPECT_THAT(WorldSizes(out), ::testing::ElementsAre(3, 2));
+  const std::string log = *ReadFile(out + ".log");
+  EXPECT_THAT(log, HasSubstr("lost: no message for 3 s (heartbeat timeout)"));
+  EXPECT_THAT(log, ::testing::ContainsRegex("worker-2 +\\] .*removed from the job|1 of 3 worker"));
+}
+
+// min_workers 2 of 2: losing one pauses the job (Status and /metrics say what it waits for)
+// instead of failing it; a new worker lets it go on, to the same numbers.
+TEST_F(ElasticTest, BelowMinWorkersTheJobPausesUntilAWorkerComes) {
+  const std::string out = dir_->Join("paused");
+  const int launch = LaunchAndWait("job-min2.yaml", 2, out, 5);
+  const int victim = Worker(out, "worker-0");
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  std::string status;
+  for (int i = 0; i < 500 && status.find("state paused") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    status = RunCommand(absl::StrCat(kBin, "/flashdraft status 127.0.0.1:", Port(out))).output;
+  }
+  EXPECT_THAT(status, HasSubstr("state paused"));
+  int metrics_port = 0;
+  std::ifstream(out + "/metrics.port") >> metrics_port;
+  auto scrape = HttpGet(metrics_port, "/metrics");
+  ASSERT_TRUE(scrape.ok()) << scrape.status();
+  EXPECT_THAT(scrape->body, HasSubstr("flashdraft_workers_missing 1\n"));
+  const size_t before = ReadSteps(out + "/steps.jsonl").size();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(ReadSteps(out + "/steps.jsonl").size(), before) << "it trained while paused";
+  const int replacement =
+      processes_.Start({kBin + "/flashdraft-worker", "--coordinator",
+                        absl::StrCat("127.0.0.1:", Port(out)), "--id", "replacement"},
+                       out + ".replacement.log");
+  EXPECT_EQ(processes_.Wait(launch), 0) << *ReadFile(out + ".log");
+  EXPECT_EQ(processes_.Wait(replacement), 0) << *ReadFile(out + ".replacement.log");
+  ExpectSameAsReference(out);
+  EXPECT_THAT(WorldSizes(out), ::testing::ElementsAre(2, 2));
+}
+
+}  // namespace
+}  // namespace flashdraft
