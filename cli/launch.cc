@@ -36,6 +36,10 @@ struct Child {
   std::ofstream log;
   bool exited = false;
   int exit_code = -1;
+  std::vector<std::string> argv;  // to start it again
+  int restarts = 0;               // how many times this worker was started again
+  bool replaced = false;          // a newer process runs in its place
+  std::chrono::steady_clock::time_point restart_at{};  // when to start it again (if set)
 };
 
 // Starts `argv` with stdout+stderr into a pipe, in its own process group (so that a terminal's
@@ -112,10 +116,14 @@ int Launch(const LaunchOptions& o) {
 
   std::vector<std::unique_ptr<Child>> children;
   std::mutex out_mu;
-  auto add_child = [&](const std::string& name, const std::vector<std::string>& argv) -> Child* {
+  auto add_child = [&](const std::string& name, const std::vector<std::string>& argv,
+                       int restarts = 0) -> Child* {
     auto c = std::make_unique<Child>();
     c->name = name;
-    c->log.open(job->output_dir + "/logs/" + name + ".log");
+    c->argv = argv;
+    c->restarts = restarts;
+    c->log.open(job->output_dir + "/logs/" + name + ".log",
+                restarts > 0 ? std::ios::app : std::ios::trunc);
     if (!Spawn(*c, argv)) return nullptr;
     children.push_back(std::move(c));
     return children.back().get();
@@ -210,6 +218,33 @@ int Launch(const LaunchOptions& o) {
   while (true) {
     pump(100);
     reap();
+    // A worker that crashed while the job runs is started again (it rejoins at the next step
+    // boundary), up to --max-restarts times each, 1 s, 2 s, 4 s ... (at most 30 s) later.
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < children.size(); ++i) {
+      Child* c = children[i].get();
+      if (c == coordinator || !c->exited || c->replaced || c->exit_code == 0 || interrupted ||
+          coordinator->exited || c->restarts >= o.max_restarts) {
+        continue;
+      }
+      if (c->restart_at == std::chrono::steady_clock::time_point{}) {
+        const int backoff = std::min(30, 1 << std::min(c->restarts, 5));
+        c->restart_at = now + std::chrono::seconds(backoff);
+        std::lock_guard<std::mutex> lock(out_mu);
+        std::printf("[launch     ] %s exited with code %d; starting it again in %d s (%d of %d)\n",
+                    c->name.c_str(), c->exit_code, backoff, c->restarts + 1, o.max_restarts);
+        std::fflush(stdout);
+      } else if (now >= c->restart_at) {
+        c->replaced = true;
+        const std::string name = c->name;
+        const std::vector<std::string> argv = c->argv;
+        const int restarts = c->restarts + 1;
+        if (add_child(name, argv, restarts) == nullptr) {
+          std::lock_guard<std::mutex> lock(out_mu);
+          std::printf("[launch     ] cannot start %s again\n", name.c_str());
+        }
+      }
+    }
     if (g_signal != 0 && !interrupted) {
       interrupted = true;
       std::lock_guard<std::mutex> lock(out_mu);
@@ -231,12 +266,16 @@ int Launch(const LaunchOptions& o) {
   for (auto& c : children) {
     while (c->out_fd >= 0) pump(50);
   }
-  int failed_workers = 0;
-  for (auto& c : children) failed_workers += (c.get() != coordinator && c->exit_code != 0);
+  int failed_workers = 0, restarts = 0;
+  for (auto& c : children) {
+    if (c.get() == coordinator) continue;
+    failed_workers += !c->replaced && c->exit_code != 0;
+    restarts += c->replaced;
+  }
   std::printf(
-      "[launch     ] coordinator exited %d; %d of %d worker(s) failed; logs and steps.jsonl in "
-      "%s\n",
-      coordinator->exit_code, failed_workers, o.workers, job->output_dir.c_str());
+      "[launch     ] coordinator exited %d; %d of %d worker(s) failed, %d restart(s); logs and "
+      "steps.jsonl in %s\n",
+      coordinator->exit_code, failed_workers, o.workers, restarts, job->output_dir.c_str());
   if (interrupted) return 130;
   return coordinator->exit_code == 0 ? 0 : 1;
 }

@@ -1,6 +1,8 @@
 // `flashdraft launch job.yaml --workers N [--out DIR]`: the coordinator and N workers as child
 // processes of this one, their output interleaved with a prefix per process and kept under
-// <out>/logs/, stopped together on Ctrl-C or when the job ends. Exits non-zero if the job failed.
+// <out>/logs/, stopped together on Ctrl-C or when the job ends; a crashed worker is started
+// again (--max-restarts, with back-off) and rejoins the running job. Exits non-zero if the job
+// failed.
 #pragma once
 
 #include <string>
@@ -14,6 +16,8 @@ struct LaunchOptions {
   std::string out_dir;  // overrides the job's output_dir
   std::vector<std::string> overrides;
   int threads_per_worker = 0;  // > 0: overrides train.intra_op_threads
+  // A worker that exits with an error while the job runs is started again this many times.
+  int max_restarts = 3;
 };
 
 int Launch(const LaunchOptions& options);

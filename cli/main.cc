@@ -170,6 +170,11 @@ int main(int argc, char** argv) {
   bool resume = false;
   launch->add_flag("--resume", resume,
                    "start from the newest checkpoint when there is one (checkpoint.resume=true)");
+  launch
+      ->add_option("--max-restarts", launch_options.max_restarts,
+                   "start a crashed worker again up to this many times (1 s, 2 s, 4 s ... later)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
   launch->add_option(
       "--threads", launch_options.threads_per_worker,
       "intra-op threads of every worker (default: the job's train.intra_op_threads)");

@@ -360,9 +360,9 @@ TEST_F(DistributedTest, AWorkerKilledMidRunChangesNoNumber) {
   ASSERT_EQ(exit_codes_[1], 0) << outputs_[1];
   const std::string out = dir_->Join("killed");
   std::filesystem::create_directories(out);
-  const pid_t launch = StartProcess(
-      {kBin + "/flashdraft", "launch", dir_->Join("job.yaml"), "--workers", "3", "--out", out},
-      out + ".log");
+  const pid_t launch = StartProcess({kBin + "/flashdraft", "launch", dir_->Join("job.yaml"),
+                                     "--workers", "3", "--out", out, "--max-restarts", "0"},
+                                    out + ".log");
   ASSERT_GT(launch, 0);
   bool started = false;
   for (int i = 0; i < 3000 && !started; ++i) {

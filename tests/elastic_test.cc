@@ -103,11 +103,13 @@ class ElasticTest : public ::testing::Test {
 
   // Starts `flashdraft launch` on the job with `workers` into `out`; returns its pid once
   // `steps` steps are committed.
-  int LaunchAndWait(const std::string& job, int workers, const std::string& out, size_t steps) {
+  int LaunchAndWait(const std::string& job, int workers, const std::string& out, size_t steps,
+                    int max_restarts = 0) {
     std::filesystem::create_directories(out);
-    const int pid = processes_.Start({kBin + "/flashdraft", "launch", dir_->Join(job), "--workers",
-                                      std::to_string(workers), "--out", out},
-                                     out + ".log");
+    const int pid = processes_.Start(
+        {kBin + "/flashdraft", "launch", dir_->Join(job), "--workers", std::to_string(workers),
+         "--out", out, "--max-restarts", std::to_string(max_restarts)},
+        out + ".log");
     for (int i = 0; i < 6000 && ReadSteps(out + "/steps.jsonl").size() < steps; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
@@ -166,6 +168,22 @@ TEST_F(ElasticTest, AKilledWorkerRestartedByHandRejoins) {
   EXPECT_THAT(WorldSizes(out), ::testing::ElementsAre(3, 2, 3));
   EXPECT_THAT(*ReadFile(out + ".again.log"), HasSubstr("state synchronized from rank 0"));
   EXPECT_EQ(ReadSteps(out + "/steps.jsonl").back()["world_size"], 3);
+}
+
+// The same without a hand: `flashdraft launch` starts the crashed worker again after a back-off,
+// and it rejoins.
+TEST_F(ElasticTest, LaunchRestartsACrashedWorkerWhichRejoins) {
+  const std::string out = dir_->Join("restarted");
+  const int launch = LaunchAndWait("job-min1.yaml", 3, out, 5, /*max_restarts=*/1);
+  const int victim = Worker(out, "worker-0");
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  EXPECT_EQ(processes_.Wait(launch), 0) << *ReadFile(out + ".log");
+  ExpectSameAsReference(out);
+  EXPECT_THAT(WorldSizes(out), ::testing::ElementsAre(3, 2, 3));
+  const std::string log = *ReadFile(out + ".log");
+  EXPECT_THAT(log, HasSubstr("worker-0 exited with code 137; starting it again in 1 s (1 of 1)"));
+  EXPECT_THAT(log, HasSubstr("0 of 3 worker(s) failed, 1 restart(s)"));
 }
 
 // SIGSTOP a worker (hung, not dead): its peers block in the collective until the coordinator
