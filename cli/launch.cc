@@ -219,12 +219,16 @@ int Launch(const LaunchOptions& o) {
     pump(100);
     reap();
     // A worker that crashed while the job runs is started again (it rejoins at the next step
-    // boundary), up to --max-restarts times each, 1 s, 2 s, 4 s ... (at most 30 s) later.
+    // boundary), up to --max-restarts times each, 1 s, 2 s, 4 s ... (at most 30 s) later. With
+    // --resume, so is a crashed coordinator: on the same port, from its newest checkpoint; the
+    // workers join it again by themselves.
     const auto now = std::chrono::steady_clock::now();
     for (size_t i = 0; i < children.size(); ++i) {
       Child* c = children[i].get();
-      if (c == coordinator || !c->exited || c->replaced || c->exit_code == 0 || interrupted ||
-          coordinator->exited || c->restarts >= o.max_restarts) {
+      const bool is_coordinator = c == coordinator;
+      if (!c->exited || c->replaced || c->exit_code == 0 || interrupted ||
+          c->restarts >= o.max_restarts || (is_coordinator && !o.restart_coordinator) ||
+          (!is_coordinator && coordinator->exited)) {
         continue;
       }
       if (c->restart_at == std::chrono::steady_clock::time_point{}) {
@@ -237,14 +241,29 @@ int Launch(const LaunchOptions& o) {
       } else if (now >= c->restart_at) {
         c->replaced = true;
         const std::string name = c->name;
-        const std::vector<std::string> argv = c->argv;
+        std::vector<std::string> argv = c->argv;
+        if (is_coordinator && c->restarts == 0) {
+          for (const std::string& set : {absl::StrCat("cluster.listen=127.0.0.1:", port),
+                                         std::string("checkpoint.resume=true")}) {
+            argv.push_back("--set");
+            argv.push_back(set);
+          }
+        }
         const int restarts = c->restarts + 1;
-        if (add_child(name, argv, restarts) == nullptr) {
+        Child* again = add_child(name, argv, restarts);
+        if (again == nullptr) {
           std::lock_guard<std::mutex> lock(out_mu);
           std::printf("[launch     ] cannot start %s again\n", name.c_str());
+        } else if (is_coordinator) {
+          coordinator = again;
         }
+        c = nullptr;  // add_child may have moved the vector's storage
       }
     }
+    // The coordinator is waiting to be started again: nobody is stopped meanwhile.
+    const bool coordinator_restarting =
+        coordinator->exited && !coordinator->replaced &&
+        coordinator->restart_at != std::chrono::steady_clock::time_point{};
     if (g_signal != 0 && !interrupted) {
       interrupted = true;
       std::lock_guard<std::mutex> lock(out_mu);
@@ -252,7 +271,8 @@ int Launch(const LaunchOptions& o) {
       kill(coordinator->pid, SIGTERM);
       kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(15);
     }
-    if (coordinator->exited && kill_at == std::chrono::steady_clock::time_point{}) {
+    if (coordinator->exited && !coordinator_restarting &&
+        kill_at == std::chrono::steady_clock::time_point{}) {
       kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(15);
     }
     bool all_exited = true;
@@ -268,7 +288,7 @@ int Launch(const LaunchOptions& o) {
   }
   int failed_workers = 0, restarts = 0;
   for (auto& c : children) {
-    if (c.get() == coordinator) continue;
+    if (c->name == "coordinator") continue;
     failed_workers += !c->replaced && c->exit_code != 0;
     restarts += c->replaced;
   }

@@ -18,6 +18,8 @@ struct LaunchOptions {
   int threads_per_worker = 0;  // > 0: overrides train.intra_op_threads
   // A worker that exits with an error while the job runs is started again this many times.
   int max_restarts = 3;
+  // --resume: a coordinator that crashes is started again from its newest checkpoint too.
+  bool restart_coordinator = false;
 };
 
 int Launch(const LaunchOptions& options);

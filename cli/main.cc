@@ -271,7 +271,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (launch->parsed()) {
-    if (resume) launch_options.overrides.push_back("checkpoint.resume=true");
+    if (resume) {
+      launch_options.overrides.push_back("checkpoint.resume=true");
+      launch_options.restart_coordinator = true;
+    }
     return flashdraft::Launch(launch_options);
   }
   if (status->parsed()) return flashdraft::PrintStatus(status_address);

@@ -9,8 +9,10 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/crc32c.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
 
@@ -342,6 +344,21 @@ absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
     return Invalid(source, "security.tls_ca", "needs security.tls_cert and security.tls_key");
   }
   return absl::OkStatus();
+}
+
+std::string JobFingerprint(const JobConfig& c) {
+  JobConfig same;  // defaults everywhere but what defines the run
+  same.target = c.target;
+  same.drafter = c.drafter;
+  same.data = c.data;
+  same.train = c.train;
+  same.train.max_steps = 0;
+  same.train.epochs = 1;
+  same.train.intra_op_threads = 1;
+  same.train.deterministic_reduction = true;
+  same.train.virtual_shards = 0;
+  const std::string yaml = JobConfigToYaml(same);
+  return absl::StrFormat("%08x", Crc32c(yaml.data(), yaml.size()));
 }
 
 int64_t EffectiveVirtualShards(const JobConfig& c) {

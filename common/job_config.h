@@ -142,6 +142,12 @@ absl::Status ValidateJobConfig(const JobConfig& config, const std::string& sourc
 // job sums with the plain all-reduce (one shard per worker).
 int64_t EffectiveVirtualShards(const JobConfig& config);
 
+// What makes two runs the same training run, as 8 hex digits: the target, drafter, data and the
+// optimizer's settings and seed. Not the place (output_dir, cluster, checkpoint, metrics,
+// security), the length (max_steps, epochs) or how the arithmetic is spread (threads, reduction).
+// A checkpoint records it; resuming from another job's checkpoint is refused.
+std::string JobFingerprint(const JobConfig& config);
+
 // Canonical YAML of the whole config, with every field (what a coordinator sends to workers).
 std::string JobConfigToYaml(const JobConfig& config);
 

@@ -61,6 +61,25 @@ TEST(JobConfigTest, VirtualShardsDefaultAndLimits) {
               HasSubstr("field 'train.virtual_shards' = 4 is below cluster.max_workers = 12"));
 }
 
+// A checkpoint's job: the same run wherever and however long it runs, another with another seed
+// or learning rate.
+TEST(JobConfigTest, FingerprintNamesTheRunNotThePlace) {
+  auto a = ParseJobConfig(kMinimal, "job.yaml");
+  ASSERT_TRUE(a.ok());
+  JobConfig b = *a;
+  b.output_dir = "/elsewhere";
+  b.train.max_steps = 99;
+  b.cluster.max_workers = 8;
+  b.train.intra_op_threads = 4;
+  EXPECT_EQ(JobFingerprint(*a), JobFingerprint(b));
+  EXPECT_EQ(JobFingerprint(*a).size(), 8u);
+  b.train.seed = 7;
+  EXPECT_NE(JobFingerprint(*a), JobFingerprint(b));
+  b = *a;
+  b.train.learning_rate = 1e-3;
+  EXPECT_NE(JobFingerprint(*a), JobFingerprint(b));
+}
+
 TEST(JobConfigTest, YamlRoundTrip) {
   auto config = LoadJobConfig(FLASHDRAFT_SOURCE_DIR "/deploy/examples/job.yaml");
   ASSERT_TRUE(config.ok());

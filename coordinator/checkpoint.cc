@@ -81,8 +81,14 @@ std::vector<std::pair<uint64_t, std::string>> ListCheckpoints(const std::string&
 
 }  // namespace
 
-CheckpointStore::CheckpointStore(std::string root, int keep_last)
-    : root_(std::move(root)), keep_last_(std::max(1, keep_last)) {}
+CheckpointStore::CheckpointStore(std::string root, int keep_last, std::string job)
+    : root_(std::move(root)), keep_last_(std::max(1, keep_last)), job_(std::move(job)) {}
+
+std::vector<std::string> CheckpointStore::Existing() const {
+  std::vector<std::string> out;
+  for (const auto& [step, dir] : ListCheckpoints(root_)) out.push_back(dir);
+  return out;
+}
 
 absl::StatusOr<CheckpointInfo> CheckpointStore::Write(
     uint64_t completed_steps, const std::vector<OwnedTensor>& tensors) const {
@@ -120,7 +126,7 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::Write(
     files[file] = Crc32c(image.data(), image.size());
   }
   const nlohmann::json manifest = {
-      {"format", 1}, {"completed_steps", completed_steps}, {"files", files}};
+      {"format", 1}, {"completed_steps", completed_steps}, {"job", job_}, {"files", files}};
   FD_RETURN_IF_ERROR(WriteFileAtomically(tmp_dir + "/" + kManifestFile, manifest.dump(2) + "\n"));
   fs::remove_all(final_dir, ec);  // a checkpoint of the same step from an earlier run
   fs::rename(tmp_dir, final_dir, ec);
@@ -132,7 +138,7 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::Write(
   std::vector<std::pair<uint64_t, std::string>> all = ListCheckpoints(root_);
   for (size_t i = 0; i + keep_last_ < all.size(); ++i) fs::remove_all(all[i].second, ec);
   return CheckpointInfo{completed_steps, final_dir, final_dir + "/" + kModelFile,
-                        final_dir + "/" + kOptimizerFile};
+                        final_dir + "/" + kOptimizerFile, job_};
 }
 
 absl::StatusOr<std::optional<CheckpointInfo>> CheckpointStore::Latest() const {
@@ -164,8 +170,11 @@ absl::StatusOr<std::optional<CheckpointInfo>> CheckpointStore::Latest() const {
                                               "): the checkpoint is damaged"));
     }
   }
+  const std::string job = manifest.contains("job") && manifest["job"].is_string()
+                              ? manifest["job"].get<std::string>()
+                              : std::string();
   return std::optional<CheckpointInfo>(
-      CheckpointInfo{step, dir, dir + "/" + kModelFile, dir + "/" + kOptimizerFile});
+      CheckpointInfo{step, dir, dir + "/" + kModelFile, dir + "/" + kOptimizerFile, job});
 }
 
 }  // namespace flashdraft

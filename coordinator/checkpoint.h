@@ -2,7 +2,7 @@
 // or absent. Layout under the checkpoint root:
 //   step-00000010/model.safetensors      the drafter's parameters (F32, parameter names)
 //   step-00000010/optimizer.safetensors  AdamW state (<name>.exp_avg, <name>.exp_avg_sq, step)
-//   step-00000010/checkpoint.json        {"format": 1, "completed_steps": 10,
+//   step-00000010/checkpoint.json        {"format": 1, "completed_steps": 10, "job": <fingerprint>,
 //                                          "files": {"model.safetensors": <crc32c>, ...}}
 // Written into step-N.tmp/ (every file fsynced), renamed to step-N/, the root fsynced; the newest
 // `keep_last` are kept. Loading verifies every file's CRC-32C against checkpoint.json.
@@ -26,11 +26,13 @@ struct CheckpointInfo {
   std::string dir;
   std::string model_path;      // model.safetensors
   std::string optimizer_path;  // optimizer.safetensors
+  std::string job;             // the fingerprint of the job that wrote it (empty: unknown)
 };
 
 class CheckpointStore {
  public:
-  CheckpointStore(std::string root, int keep_last);
+  // `job`: the writing job's fingerprint (JobFingerprint), recorded in every checkpoint.json.
+  CheckpointStore(std::string root, int keep_last, std::string job = "");
 
   // Writes the checkpoint after `completed_steps` steps from uploaded tensors (names prefixed
   // "drafter." or "adamw."; anything else is an error), then drops all but the newest keep_last.
@@ -40,11 +42,14 @@ class CheckpointStore {
   // error naming the file (it is not skipped: a checkpoint is whole or absent).
   absl::StatusOr<std::optional<CheckpointInfo>> Latest() const;
 
+  // The step directories under the root, whole or not (a fresh run refuses to write among them).
+  std::vector<std::string> Existing() const;
   const std::string& root() const { return root_; }
 
  private:
   std::string root_;
   int keep_last_;
+  std::string job_;
 };
 
 }  // namespace flashdraft

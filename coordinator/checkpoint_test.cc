@@ -25,11 +25,13 @@ std::vector<OwnedTensor> Upload(uint64_t seed) {
 
 TEST(CheckpointStoreTest, WritesWholeCheckpointsAndKeepsTheNewest) {
   TempDir dir;
-  CheckpointStore store(dir.Join("ckpt"), 2);
+  CheckpointStore store(dir.Join("ckpt"), 2, "0badc0de");
   auto none = store.Latest();
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->has_value());
+  EXPECT_TRUE(store.Existing().empty());
   for (uint64_t step : {10, 20, 30}) ASSERT_TRUE(store.Write(step, Upload(step)).ok());
+  EXPECT_EQ(store.Existing().size(), 2u);
   // A leftover of an interrupted write is not a checkpoint.
   std::filesystem::create_directories(dir.Join("ckpt/step-00000040.tmp"));
   EXPECT_FALSE(std::filesystem::exists(dir.Join("ckpt/step-00000010")));  // keep_last 2
@@ -38,6 +40,7 @@ TEST(CheckpointStoreTest, WritesWholeCheckpointsAndKeepsTheNewest) {
   ASSERT_TRUE(latest.ok()) << latest.status();
   ASSERT_TRUE(latest->has_value());
   EXPECT_EQ((*latest)->completed_steps, 30u);
+  EXPECT_EQ((*latest)->job, "0badc0de");  // the writing job's fingerprint
   auto model = SafetensorsModel::Open((*latest)->model_path);
   auto optimizer = SafetensorsModel::Open((*latest)->optimizer_path);
   ASSERT_TRUE(model.ok() && optimizer.ok());

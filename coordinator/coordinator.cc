@@ -310,6 +310,13 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   if (!initial_weights) {
     return absl::InvalidArgumentError("Coordinator::Create needs a drafter weight initializer");
   }
+  if (job.cluster.backend != "gloo") {
+    // Workers would silently run Gloo: refuse what is not built yet.
+    return absl::UnimplementedError(absl::StrCat(
+        "cluster.backend '", job.cluster.backend,
+        "' is not available in this build: workers sum gradients with Gloo only (the NCCL "
+        "collective comes with the GPU backend); set cluster.backend: gloo"));
+  }
   std::unique_ptr<Coordinator> c(new Coordinator());
   c->job_ = std::move(job);
   const JobConfig& j = c->job_;
@@ -357,10 +364,16 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
                                                      j.drafter.block_size);
   c->checkpoints_ = std::make_unique<CheckpointStore>(
       j.checkpoint.dir.empty() ? j.output_dir + "/checkpoints" : j.checkpoint.dir,
-      j.checkpoint.keep_last);
+      j.checkpoint.keep_last, JobFingerprint(j));
   bool resumed = false;
   if (j.checkpoint.resume) {
     FD_ASSIGN_OR_RETURN(resumed, c->Resume());
+  } else if (const std::vector<std::string> old = c->checkpoints_->Existing(); !old.empty()) {
+    // A fresh run would prune the earlier run's checkpoints and a later --resume could mix them.
+    return absl::FailedPreconditionError(absl::StrCat(
+        c->checkpoints_->root(), " holds checkpoints of an earlier run (", old.back(),
+        "): continue it with --resume (checkpoint.resume: true), or give this run another "
+        "output_dir or checkpoint.dir"));
   }
   if (!resumed) {
     FD_ASSIGN_OR_RETURN(const std::string weights_path, initial_weights(j, dc));
@@ -403,6 +416,12 @@ absl::StatusOr<bool> Coordinator::Resume() {
     LOG(INFO) << "checkpoint.resume: no checkpoint in " << checkpoints_->root()
               << "; starting from step 0";
     return false;
+  }
+  if (!latest->job.empty() && latest->job != JobFingerprint(job_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        latest->dir, " was written by another job (fingerprint ", latest->job, ", this job's ",
+        JobFingerprint(job_),
+        "): its target, drafter, data or optimizer settings differ; resuming would mix two runs"));
   }
   if (static_cast<int64_t>(latest->completed_steps) > total_steps_) {
     return absl::InvalidArgumentError(absl::StrCat(latest->dir, " holds ", latest->completed_steps,
@@ -713,6 +732,17 @@ absl::Status Coordinator::TakeCheckpoint(uint64_t completed_steps) {
   return absl::OkStatus();
 }
 
+void Coordinator::RequestStop(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (epoch_ == 0) {
+    if (failure_.ok()) failure_ = absl::CancelledError(why);
+  } else if (stop_requested_.empty()) {
+    stop_requested_ = why;
+    LOG(WARNING) << why << ": stopping after the step in flight, with a checkpoint";
+  }
+  cv_.notify_all();
+}
+
 void Coordinator::Abort(absl::Status reason) {
   std::lock_guard<std::mutex> lock(mu_);
   if (failure_.ok()) failure_ = std::move(reason);
@@ -859,6 +889,13 @@ absl::Status Coordinator::StartEpoch(int64_t next_step) {
   };
   while (failure_.ok() &&
          (membership_->Available() < job_.cluster.min_workers || starting_short())) {
+    if (!stop_requested_.empty()) {
+      failure_ =
+          absl::CancelledError(absl::StrCat(stop_requested_,
+                                            " while paused: no worker to checkpoint from; the last "
+                                            "checkpoint stands"));
+      break;
+    }
     const int missing = std::max(0, job_.cluster.min_workers - membership_->Available());
     if (epoch_ > 0) state_ = "paused";
     metrics_->SetMissingWorkers(missing);
@@ -1021,6 +1058,7 @@ absl::Status Coordinator::Run() {
   std::optional<StepPlan> next_plan;
   const int every = job_.checkpoint.every_steps;
   int64_t step = start_step_;
+  std::string stopped;  // why the job stopped before its last step (a graceful stop)
   while (step < total_steps_) {
     bool changed;
     {
@@ -1071,10 +1109,16 @@ absl::Status Coordinator::Run() {
       continue;
     }
     if (!result.ok()) break;
+    std::string stop;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop = stop_requested_;
+    }
     v1::CoordinatorMessage commit;
     commit.mutable_commit()->set_step(step);
     commit.mutable_commit()->set_membership_epoch(sending_epoch_);
-    const bool checkpoint = every > 0 && ((step + 1) % every == 0 || step + 1 == total_steps_);
+    const bool checkpoint =
+        !stop.empty() || (every > 0 && ((step + 1) % every == 0 || step + 1 == total_steps_));
     commit.mutable_commit()->set_checkpoint(checkpoint);
     {
       const grpc::ByteBuffer bytes = MessageToBuffer(commit);
@@ -1129,21 +1173,29 @@ absl::Status Coordinator::Run() {
           100.0 * r.max_wait_seconds / std::max(1e-9, r.step_seconds), world_size_, eta);
     }
     ++step;
+    if (!stop.empty()) {
+      stopped = absl::StrCat(stop, ": stopped after step ", step, " of ", total_steps_,
+                             " (resume with --resume)");
+      break;
+    }
   }
+  const bool finished = result.ok() && stopped.empty();
   v1::CoordinatorMessage shutdown;
-  shutdown.mutable_shutdown()->set_reason(result.ok() ? "job finished"
-                                                      : std::string(result.message()));
-  shutdown.mutable_shutdown()->set_job_finished(result.ok());
+  shutdown.mutable_shutdown()->set_reason(!result.ok() ? std::string(result.message())
+                                          : finished   ? "job finished"
+                                                       : stopped);
+  shutdown.mutable_shutdown()->set_job_finished(finished);
   {
     const grpc::ByteBuffer bytes = MessageToBuffer(shutdown);
     std::lock_guard<std::mutex> lock(mu_);
-    state_ = result.ok() ? "done" : "failed";
+    state_ = !result.ok() ? "failed" : finished ? "done" : "stopped";
     for (auto& [token, session] : sessions_) {
       session->Send(bytes);
       session->FinishAfterWrites(grpc::Status::OK);
     }
   }
-  if (result.ok()) LOG(INFO) << "job finished: " << total_steps_ << " steps";
+  if (finished) LOG(INFO) << "job finished: " << total_steps_ << " steps";
+  if (result.ok() && !finished) LOG(WARNING) << stopped;
   return result;
 }
 

@@ -95,6 +95,10 @@ class Coordinator {
   absl::Status Run();
   // Ends Run() early with `reason` (signal, fatal error); safe from any thread.
   void Abort(absl::Status reason);
+  // A graceful stop (SIGTERM): the step in flight commits, a checkpoint of it is written, the
+  // workers are shut down and Run() returns OK; before the first epoch, Run() returns CANCELLED
+  // (nothing to save). Safe from any thread.
+  void RequestStop(const std::string& why);
 
   int64_t total_steps() const { return total_steps_; }
   const DrafterModelConfig& drafter_config() const { return drafter_config_; }
@@ -205,6 +209,7 @@ class Coordinator {
   } upload_ ABSL_GUARDED_BY(mu_);
   uint64_t uploaded_steps_ ABSL_GUARDED_BY(mu_) = 0;  // completed_steps of the last whole upload
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  std::string stop_requested_ ABSL_GUARDED_BY(mu_);  // why; empty: none
   uint64_t committed_ ABSL_GUARDED_BY(mu_) = 0;
   StepRecord last_record_ ABSL_GUARDED_BY(mu_);
   std::string state_ ABSL_GUARDED_BY(mu_) = "waiting";  // waiting, training, paused, done, failed

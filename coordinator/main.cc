@@ -86,11 +86,22 @@ int main(int argc, char** argv) {
   std::cout << "listening on port " << (*coordinator)->port() << std::endl;
 
   flashdraft::Coordinator* c = coordinator->get();
+  // The first SIGINT/SIGTERM stops the job gracefully (the step in flight commits, a checkpoint is
+  // written, exit 0; before any step: a non-zero exit); a second one aborts at once.
   std::thread([c] {
-    char sig = 0;
-    while (read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    for (int count = 0;; ++count) {
+      char sig = 0;
+      ssize_t n;
+      while ((n = read(g_signal_pipe[0], &sig, 1)) < 0 && errno == EINTR) {
+      }
+      if (n <= 0) return;
+      const std::string what = sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)";
+      if (count == 0) {
+        c->RequestStop(what);
+      } else {
+        c->Abort(absl::CancelledError(what));
+      }
     }
-    c->Abort(absl::CancelledError(sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)"));
   }).detach();
 
   absl::Status result = c->Run();

@@ -15,4 +15,5 @@ echo "== flashdraft make-tiny-target --out runs/tiny-target"
 build/bin/flashdraft make-tiny-target --out runs/tiny-target
 echo
 echo "== flashdraft launch deploy/examples/demo.yaml --workers 2"
+rm -rf runs/demo  # a fresh run each time (an earlier run's checkpoints would be refused)
 build/bin/flashdraft launch deploy/examples/demo.yaml --workers 2

@@ -164,6 +164,17 @@ TEST_F(DistributedTest, ResumesExactlyFromACheckpoint) {
   EXPECT_EQ(again[9]["world_size"], 2);   // kept from the first run
   EXPECT_EQ(again[10]["world_size"], 1);  // trained again after the resume
 
+  // A fresh run into that directory would prune its checkpoints: refused. So is resuming it as
+  // another job (another seed).
+  run = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir_->Join("job.yaml"),
+                                " --workers 1 --out ", resumed));
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_THAT(run.output, HasSubstr("holds checkpoints of an earlier run"));
+  run = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir_->Join("job.yaml"),
+                                " --workers 1 --resume --set train.seed=9 --out ", resumed));
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_THAT(run.output, HasSubstr("was written by another job"));
+
   const std::string damaged = dir_->Join("damaged");
   std::filesystem::create_directories(damaged + "/checkpoints");
   std::filesystem::copy(dir_->Join("run2/checkpoints/step-00000020"),
@@ -344,6 +355,11 @@ TEST(LaunchTest, BadInputFailsClearly) {
   r = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir.Join("job.yaml"), " --workers 0"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("--workers must be >= 1"));
+  // A backend this build does not have is refused, not silently replaced by Gloo.
+  r = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir.Join("job.yaml"),
+                              " --workers 1 --set cluster.backend=nccl"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("cluster.backend 'nccl' is not available in this build"));
 }
 
 }  // namespace

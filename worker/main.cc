@@ -17,6 +17,9 @@ int main(int argc, char** argv) {
   app.add_option("--connect-timeout", options.connect_timeout_seconds,
                  "seconds to wait for the coordinator")
       ->capture_default_str();
+  app.add_option("--reconnect-timeout", options.reconnect_timeout_seconds,
+                 "seconds to keep joining again after the coordinator went away")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   absl::Status s = flashdraft::RunWorker(options);
   if (!s.ok()) {

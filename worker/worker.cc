@@ -1,6 +1,10 @@
 #include "worker/worker.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -226,6 +230,52 @@ absl::Status UploadCheckpoint(DrafterImpl& drafter, torch::optim::AdamW& optimiz
   return absl::OkStatus();
 }
 
+// The local address this host uses to reach `coordinator` ("host:port" or "[v6]:port"): where
+// the Gloo device binds when cluster.collective_interface is empty, so that workers on several
+// hosts reach each other instead of each offering its loopback address. A UDP connect sends no
+// packet; it only asks the kernel for the route.
+absl::StatusOr<std::string> LocalAddressToward(const std::string& coordinator) {
+  const size_t colon = coordinator.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--coordinator '", coordinator, "' is not host:port"));
+  }
+  std::string host = coordinator.substr(0, colon);
+  const std::string port = coordinator.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve the coordinator host '", host, "': ", gai_strerror(rc)));
+  }
+  std::string out;
+  for (addrinfo* a = found; a != nullptr && out.empty(); a = a->ai_next) {
+    const int fd = socket(a->ai_family, SOCK_DGRAM, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    char text[INET6_ADDRSTRLEN] = {0};
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      const void* addr =
+          local.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      if (inet_ntop(local.ss_family, addr, text, sizeof(text)) != nullptr) out = text;
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  if (out.empty()) {
+    return absl::UnavailableError(absl::StrCat("no route to the coordinator host '", host, "'"));
+  }
+  return out;
+}
+
 // Every parameter's AdamW state, created as AdamW itself creates it on its first step (step 0,
 // zero moments) where it is missing, so that every member has the same tensors to compare and
 // to broadcast.
@@ -323,7 +373,11 @@ absl::Status CheckShardLayout(const v1::Microbatch& h, const std::vector<int64_t
 
 }  // namespace
 
-absl::Status RunWorker(const WorkerOptions& o) {
+namespace {
+
+// One session with one coordinator process: join, fetch, train until the job ends. UNAVAILABLE
+// when the coordinator could not be reached or went away (RunWorker joins again).
+absl::Status RunSession(const WorkerOptions& o) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -395,6 +449,12 @@ absl::Status RunWorker(const WorkerOptions& o) {
   GlooOptions gloo;
   gloo.timeout = timeout;
   gloo.interface = job.cluster.collective_interface;
+  if (gloo.interface.empty()) {
+    FD_ASSIGN_OR_RETURN(gloo.address, LocalAddressToward(o.coordinator));
+    LOG(INFO) << "collective traffic on " << gloo.address
+              << " (the address that reaches the coordinator; cluster.collective_interface "
+                 "names another)";
+  }
 
   // --- The Train stream: a reader thread, a heartbeat thread, this training thread ---
   grpc::ClientContext stream_ctx;
@@ -763,6 +823,32 @@ absl::Status RunWorker(const WorkerOptions& o) {
   reducer.reset();
   (void)collective.release();
   return result;
+}
+
+}  // namespace
+
+absl::Status RunWorker(const WorkerOptions& o) {
+  // A coordinator that goes away (crashed, restarted with --resume, or this worker was dropped
+  // as hung) is joined again, with back-off, until reconnect_timeout_seconds pass without a
+  // session; the new session starts from what the coordinator serves (its checkpoint).
+  double backoff = 0.5;
+  auto lost_at = std::chrono::steady_clock::now();
+  while (true) {
+    const auto started = std::chrono::steady_clock::now();
+    absl::Status s = RunSession(o);
+    if (!absl::IsUnavailable(s)) return s;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - started > std::chrono::seconds(5)) {  // it trained: a fresh loss
+      lost_at = now;
+      backoff = 0.5;
+    }
+    const double waited = std::chrono::duration<double>(now - lost_at).count();
+    if (waited + backoff > o.reconnect_timeout_seconds) return s;
+    LOG(WARNING) << s.message() << "; joining again in " << backoff << " s (for up to "
+                 << o.reconnect_timeout_seconds - waited << " s more)";
+    std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+    backoff = std::min(backoff * 2, 8.0);
+  }
 }
 
 }  // namespace flashdraft

@@ -14,6 +14,8 @@ struct WorkerOptions {
   std::string coordinator = "127.0.0.1:7600";
   std::string worker_id;
   double connect_timeout_seconds = 60;
+  // After losing the coordinator (or being dropped from the job), join again for this long.
+  double reconnect_timeout_seconds = 120;
 };
 
 absl::Status RunWorker(const WorkerOptions& options);

@@ -161,27 +161,26 @@ int FindProcess(const std::vector<std::string>& parts) {
   return -1;
 }
 
-std::vector<nlohmann::json> ReadSteps(const std::string& path) {
+namespace {
+// The JSON objects of a JSONL file that have `key` (a line still being written is left out).
+std::vector<nlohmann::json> ReadRecordsWith(const std::string& path, const char* key) {
   std::vector<nlohmann::json> out;
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
-    // A line still being written by a running job is left out.
     nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!record.is_discarded() && record.contains("step")) out.push_back(std::move(record));
+    if (!record.is_discarded() && record.contains(key)) out.push_back(std::move(record));
   }
   return out;
 }
+}  // namespace
+
+std::vector<nlohmann::json> ReadSteps(const std::string& path) {
+  return ReadRecordsWith(path, "step");
+}
 
 std::vector<nlohmann::json> ReadEvents(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!record.is_discarded() && record.contains("event")) out.push_back(std::move(record));
-  }
-  return out;
+  return ReadRecordsWith(path, "event");
 }
 
 std::string FirstDifferentStep(const std::vector<nlohmann::json>& a,

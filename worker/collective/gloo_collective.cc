@@ -94,7 +94,8 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(
       auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
       opts->devices.push_back(
           options.interface.empty()
-              ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+              ? c10d::ProcessGroupGloo::createDeviceForHostname(
+                    options.address.empty() ? "127.0.0.1" : options.address)
               : c10d::ProcessGroupGloo::createDeviceForInterface(options.interface));
       group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
     } catch (const std::exception& e) {

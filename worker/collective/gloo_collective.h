@@ -12,8 +12,11 @@ namespace flashdraft {
 
 struct GlooOptions {
   std::chrono::milliseconds timeout{300000};
-  // Network interface for collective traffic; empty: loopback (all ranks on this machine).
+  // Network interface for collective traffic; empty: bind to `address`.
   std::string interface;
+  // The local address to bind when no interface is named (the worker passes the one it reaches
+  // the coordinator from); empty: loopback.
+  std::string address;
 };
 
 class GlooCollective : public Collective {
