@@ -61,8 +61,9 @@ class Processes {
       waitpid(pid, nullptr, 0);
     }
   }
-  int Start(const std::vector<std::string>& argv, const std::string& log) {
-    const int pid = StartProcess(argv, log);
+  int Start(const std::vector<std::string>& argv, const std::string& log,
+            const std::vector<std::string>& env = {}) {
+    const int pid = StartProcess(argv, log, env);
     pids_.push_back(pid);
     return pid;
   }
@@ -105,7 +106,8 @@ class ElasticTest : public ::testing::Test {
   // Starts `flashdraft launch` on the job with `workers` into `out`; returns its pid once
   // `steps` steps are committed.
   int LaunchAndWait(const std::string& job, int workers, const std::string& out, size_t steps,
-                    int max_restarts = 0, const std::vector<std::string>& more = {}) {
+                    int max_restarts = 0, const std::vector<std::string>& more = {},
+                    const std::vector<std::string>& env = {}) {
     std::filesystem::create_directories(out);
     std::vector<std::string> argv = {kBin + "/flashdraft",
                                      "launch",
@@ -117,7 +119,7 @@ class ElasticTest : public ::testing::Test {
                                      "--max-restarts",
                                      std::to_string(max_restarts)};
     argv.insert(argv.end(), more.begin(), more.end());
-    const int pid = processes_.Start(argv, out + ".log");
+    const int pid = processes_.Start(argv, out + ".log", env);
     for (int i = 0; i < 6000 && ReadSteps(out + "/steps.jsonl").size() < steps; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
@@ -192,6 +194,28 @@ TEST_F(ElasticTest, LaunchRestartsACrashedWorkerWhichRejoins) {
   const std::string log = *ReadFile(out + ".log");
   EXPECT_THAT(log, HasSubstr("worker-0 exited with code 137; starting it again in 1 s (1 of 1)"));
   EXPECT_THAT(log, HasSubstr("0 of 3 worker(s) failed, 1 restart(s)"));
+}
+
+// Killed at exact moments (FLASHDRAFT_FAULT, set for every worker, fires in the one with that
+// rank): inside the gradient exchange of step 7, and in the middle of the checkpoint upload after
+// step 50 (that checkpoint is skipped, the next one is written). Both finish to the same bits.
+TEST_F(ElasticTest, KilledInsideTheExchangeOrTheCheckpointUpload) {
+  for (const char* fault : {"reduce:step=7:rank=1", "upload:step=50:rank=0"}) {
+    SCOPED_TRACE(fault);
+    const std::string out = dir_->Join(absl::StrCat("fault-", std::string(fault).substr(0, 6)));
+    const int launch = LaunchAndWait("job-min1.yaml", 3, out, 1, 0, {},
+                                     {absl::StrCat("FLASHDRAFT_FAULT=", fault)});
+    EXPECT_EQ(processes_.Wait(launch), 0) << *ReadFile(out + ".log");
+    ExpectSameAsReference(out);
+    EXPECT_THAT(WorldSizes(out), ::testing::ElementsAre(3, 2));
+    const std::string log = *ReadFile(out + ".log");
+    EXPECT_THAT(log, HasSubstr("FLASHDRAFT_FAULT: killing this worker"));
+    if (std::string(fault).rfind("upload", 0) == 0) {
+      EXPECT_THAT(log, HasSubstr("checkpoint skipped"));
+      EXPECT_FALSE(std::filesystem::exists(out + "/checkpoints/step-00000050"));
+      EXPECT_TRUE(std::filesystem::exists(out + "/checkpoints/step-00000100"));
+    }
+  }
 }
 
 // SIGSTOP a worker (hung, not dead): its peers block in the collective until the coordinator

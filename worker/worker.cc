@@ -10,8 +10,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -19,9 +22,11 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/blocking_queue.h"
 #include "common/chunk_wire.h"
 #include "common/crc32c.h"
@@ -186,11 +191,54 @@ absl::Status LoadOptimizerState(DrafterImpl& drafter,
   return absl::OkStatus();
 }
 
+// Fault injection for the fault tests: FLASHDRAFT_FAULT="<point>:step=<s>:rank=<r>" makes the
+// worker that is rank r kill itself with SIGKILL (as `kill -9` would) at that point of step s:
+// forward (after its first shard's forward), reduce (while its gradient exchange runs), upload
+// (inside the checkpoint upload of the state after s steps, after its first tensor). Unset: nothing
+// happens; a malformed value stops the worker at start rather than being ignored.
+struct FaultPlan {
+  std::string point;
+  uint64_t step = 0;
+  int rank = 0;
+  bool armed = false;
+};
+
+absl::StatusOr<FaultPlan> ParseFault(const char* env) {
+  FaultPlan plan;
+  if (env == nullptr || *env == 0) return plan;
+  const std::vector<std::string> parts = absl::StrSplit(env, ':');
+  const auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FLASHDRAFT_FAULT='", env, "': expected <forward|reduce|upload>:step=<n>:rank=<r>"));
+  };
+  if (parts.size() != 3 || !absl::StartsWith(parts[1], "step=") ||
+      !absl::StartsWith(parts[2], "rank=") ||
+      (parts[0] != "forward" && parts[0] != "reduce" && parts[0] != "upload") ||
+      !absl::SimpleAtoi(parts[1].substr(5), &plan.step) ||
+      !absl::SimpleAtoi(parts[2].substr(5), &plan.rank)) {
+    return bad();
+  }
+  plan.point = parts[0];
+  plan.armed = true;
+  return plan;
+}
+
+void MaybeFault(const FaultPlan& plan, const char* point, uint64_t step, int rank, uint64_t epoch) {
+  if (!plan.armed || plan.point != point || plan.step != step || plan.rank != rank || epoch != 1) {
+    return;
+  }
+  LOG(WARNING) << "FLASHDRAFT_FAULT: killing this worker (rank " << rank << ") at " << point
+               << " of step " << step;
+  google::FlushLogFiles(google::GLOG_INFO);
+  raise(SIGKILL);
+}
+
 // Rank 0's state after `completed_steps` steps to the coordinator, for a checkpoint: the
 // parameters, the AdamW moments and step (CheckpointUpload in the protocol).
 template <typename Write>
 absl::Status UploadCheckpoint(DrafterImpl& drafter, torch::optim::AdamW& optimizer,
-                              uint64_t completed_steps, const Write& write) {
+                              uint64_t completed_steps, const Write& write,
+                              const std::function<void()>& after_first_tensor) {
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   int64_t step = 0;
@@ -226,6 +274,7 @@ absl::Status UploadCheckpoint(DrafterImpl& drafter, torch::optim::AdamW& optimiz
           return write(m) ? absl::OkStatus()
                           : absl::UnavailableError("the coordinator closed the Train stream");
         }));
+    if (&name == &tensors.front().first) after_first_tensor();
   }
   return absl::OkStatus();
 }
@@ -378,6 +427,7 @@ namespace {
 // One session with one coordinator process: join, fetch, train until the job ends. UNAVAILABLE
 // when the coordinator could not be reached or went away (RunWorker joins again).
 absl::Status RunSession(const WorkerOptions& o) {
+  FD_ASSIGN_OR_RETURN(const FaultPlan fault, ParseFault(std::getenv("FLASHDRAFT_FAULT")));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -724,6 +774,7 @@ absl::Status RunSession(const WorkerOptions& o) {
         auto t = Clock::now();
         DrafterLossResult r = drafter->Loss(batch, gamma, h.global_weight_sum());
         forward += Since(t);
+        if (shard == offsets[rank]) MaybeFault(fault, "forward", first.step(), rank, epoch);
         t = Clock::now();
         r.loss.backward();
         backward += Since(t);
@@ -750,6 +801,7 @@ absl::Status RunSession(const WorkerOptions& o) {
     // Every rank takes part in every reduction. What is timed is the part of the exchange that
     // backward did not hide.
     auto t = Clock::now();
+    MaybeFault(fault, "reduce", first.step(), rank, epoch);  // its buckets are in flight
     absl::Status reduced = reducer->Finish(superseded);
     if (!reduced.ok()) {
       trainer.DiscardGradients();
@@ -779,7 +831,9 @@ absl::Status RunSession(const WorkerOptions& o) {
         trainer.ApplyWithLearningRate(first.learning_rate());
         last_optimizer_seconds = Since(t);
         if (next.checkpoint && rank == 0) {
-          result = UploadCheckpoint(*drafter, trainer.optimizer(), first.step() + 1, write);
+          result = UploadCheckpoint(*drafter, trainer.optimizer(), first.step() + 1, write, [&] {
+            MaybeFault(fault, "upload", first.step() + 1, rank, epoch);
+          });
         }
         break;
       } else if (next.kind == Item::kCommit) {

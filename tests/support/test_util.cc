@@ -132,9 +132,11 @@ absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path) {
   return out;
 }
 
-int StartProcess(const std::vector<std::string>& argv, const std::string& log) {
+int StartProcess(const std::vector<std::string>& argv, const std::string& log,
+                 const std::vector<std::string>& env) {
   const pid_t pid = fork();
   if (pid == 0) {
+    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
     const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, STDOUT_FILENO);
     dup2(fd, STDERR_FILENO);

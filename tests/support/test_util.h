@@ -44,8 +44,10 @@ CommandResult RunCommand(const std::string& command);
 
 std::string ShellQuote(const std::string& s);
 
-// Starts argv[0] with `argv` in the background, stdout and stderr into the file `log`; its pid.
-int StartProcess(const std::vector<std::string>& argv, const std::string& log);
+// Starts argv[0] with `argv` in the background, stdout and stderr into the file `log`, with the
+// "NAME=value" entries of `env` added to its environment; its pid.
+int StartProcess(const std::vector<std::string>& argv, const std::string& log,
+                 const std::vector<std::string>& env = {});
 
 // The pid of a process whose command line contains every one of `parts`, or -1.
 int FindProcess(const std::vector<std::string>& parts);
