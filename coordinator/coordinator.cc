@@ -566,7 +566,7 @@ void Coordinator::DropSessionLocked(const std::string& token, const std::string&
   const std::string who = member ? absl::StrCat("'", member->worker_id, "'")
                                  : absl::StrCat("token ", token.substr(0, 6));
   const int rank = membership_->RankOf(token);
-  const bool over = state_ == "done" || state_ == "failed";
+  const bool over = state_ == "done" || state_ == "failed" || state_ == "stopped";
   if (membership_->Remove(token) && !over) {
     LOG(WARNING) << "worker " << who << " (rank " << rank << " of epoch " << epoch_
                  << ") lost: " << why;

@@ -696,6 +696,15 @@ absl::Status RunSession(const WorkerOptions& o) {
     batches.pop_front();
     return item;
   };
+  // The end of the job (or of this worker's part in it): rank 0 exports a finished job's drafter.
+  auto shutdown = [&](const Item& item) -> absl::Status {
+    LOG(INFO) << "shutdown: " << item.text;
+    if (!item.job_finished || rank != 0) return absl::OkStatus();
+    const std::string dir = job.output_dir + "/drafter";
+    FD_RETURN_IF_ERROR(ExportDrafter(*drafter, dir));
+    LOG(INFO) << "exported the drafter to " << dir;
+    return absl::OkStatus();
+  };
   double last_optimizer_seconds = 0;
   bool done = false;
   while (!done && result.ok()) {
@@ -703,12 +712,7 @@ absl::Status RunSession(const WorkerOptions& o) {
     Item item = next_item();
     double wait = Since(wait_start);
     if (item.kind == Item::kShutdown) {
-      LOG(INFO) << "shutdown: " << item.text;
-      if (item.job_finished && rank == 0) {
-        const std::string dir = job.output_dir + "/drafter";
-        result = ExportDrafter(*drafter, dir);
-        if (result.ok()) LOG(INFO) << "exported the drafter to " << dir;
-      }
+      result = shutdown(item);
       break;
     }
     if (item.kind == Item::kError) {
@@ -818,7 +822,19 @@ absl::Status RunSession(const WorkerOptions& o) {
     v1::WorkerMessage m;
     *m.mutable_ack() = ack;
     if (!write(m)) {
-      result = absl::UnavailableError("the coordinator closed the Train stream");
+      // The coordinator ended the stream; a Shutdown it sent before says whether that is the end
+      // (a step computed while the job was stopping is simply not acked).
+      while (true) {
+        Item next = next_item();
+        if (next.kind == Item::kShutdown) {
+          result = shutdown(next);
+          break;
+        }
+        if (next.kind == Item::kError) {
+          result = absl::UnavailableError(next.text);
+          break;
+        }
+      }
       break;
     }
     // Only the commit makes the step real (DESIGN.md §2): until then gradients stay aside.
