@@ -599,28 +599,14 @@ void Coordinator::SessionEnded(TrainSession* session, const std::string& why) {
 }
 
 void Coordinator::ExpireLocked() {
-  const std::vector<MemberInfo> before = membership_->Members();
-  for (const std::string& token : membership_->Expire()) {
-    // Expire removed it; close its stream and account for it like any loss.
-    for (const MemberInfo& m : before) {
-      if (m.token != token) continue;
-      if (m.state == MemberState::kActive) {
-        LOG(WARNING) << "worker '" << m.worker_id << "' (rank " << m.rank
-                     << ") lost: no message for " << job_.cluster.heartbeat_timeout_seconds
-                     << " s (heartbeat timeout)";
-        metrics_->WorkerFailed();
-      } else {
-        LOG(INFO) << "worker '" << m.worker_id << "' dropped: silent since it joined";
-      }
-    }
-    auto it = sessions_.find(token);
-    if (it != sessions_.end()) {
-      it->second->FinishAfterWrites(
-          grpc::Status(grpc::StatusCode::ABORTED, "removed from the job: heartbeat timeout"));
-      sessions_.erase(it);
-    }
+  for (const std::string& token : membership_->Silent()) {
+    const bool bound = membership_->Find(token)->state != MemberState::kJoined;
+    DropSessionLocked(
+        token, bound ? absl::StrCat("no message for ", job_.cluster.heartbeat_timeout_seconds,
+                                    " s (heartbeat timeout)")
+                     : absl::StrCat("no Train stream within ", job_.cluster.join_timeout_seconds,
+                                    " s of joining"));
   }
-  UpdateWorkerMetricsLocked();
 }
 
 void Coordinator::OnAck(const std::string& token, const v1::StepAck& ack) {
@@ -1068,16 +1054,15 @@ absl::Status Coordinator::Run() {
     if (changed) {
       // A new epoch at this step boundary: steps sent in the old one are sent again.
       if (sent > step) metrics_->StepsReissued(sent - step);
-      if (epoch_started_ && ++reforms_at_step_ > kMaxReformsPerStep) {
+      if (sending_epoch_ > 0 && ++reforms_at_step_ > kMaxReformsPerStep) {
         result =
             absl::UnavailableError(absl::StrCat("step ", step, " failed in ", kMaxReformsPerStep,
                                                 " membership epochs in a row; giving up"));
         break;
       }
-      if (changed_at == 0 && epoch_started_) changed_at = clock_->Now();
+      if (changed_at == 0 && sending_epoch_ > 0) changed_at = clock_->Now();
       result = StartEpoch(step);
       if (!result.ok()) break;
-      epoch_started_ = true;
       sent = step;
       next_plan.reset();
       step_start = clock_->Now();

@@ -128,7 +128,6 @@ class Coordinator {
 
   std::string job_yaml() const { return JobConfigToYaml(job_); }
   std::string drafter_config_json() const { return DrafterConfigToJson(drafter_config_); }
-  int world_size() const { return world_size_; }
 
  private:
   Coordinator() = default;
@@ -142,7 +141,7 @@ class Coordinator {
   // Starts the next membership epoch at step `next_step` (pausing while fewer than min_workers
   // are available, up to join_timeout): new ranks, a Reform to every member.
   absl::Status StartEpoch(int64_t next_step);
-  // Removes workers silent past the heartbeat timeout and closes their streams (mu_ held).
+  // Drops workers silent past the heartbeat (or bind) timeout like any loss (mu_ held).
   void ExpireLocked();
   // Ends the stream of a worker that is no longer a member (mu_ held).
   void DropSessionLocked(const std::string& token, const std::string& why);
@@ -177,7 +176,6 @@ class Coordinator {
   uint64_t sending_epoch_ = 0;
   int world_size_ = 0;
   int reforms_at_step_ = 0;  // epochs started without a committed step in between
-  bool epoch_started_ = false;
   int64_t total_steps_ = 0;
   int64_t warmup_steps_ = 0;
   RendezvousStore store_;

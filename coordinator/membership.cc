@@ -43,7 +43,7 @@ absl::StatusOr<std::string> Membership::Admit(const std::string& worker_id) {
   m.worker_id = worker_id;
   m.state = MemberState::kJoined;
   m.since = m.last_heard = clock_.Now();
-  order_[token] = next_order_++;
+  m.order = next_order_++;
   return token;
 }
 
@@ -72,12 +72,11 @@ bool Membership::Remove(const std::string& token) {
   if (it == members_.end()) return false;
   const bool was_active = it->second.state == MemberState::kActive;
   members_.erase(it);
-  order_.erase(token);
   if (was_active) lost_active_ = true;
   return was_active;
 }
 
-std::vector<std::string> Membership::Expire() {
+std::vector<std::string> Membership::Silent() const {
   const double now = clock_.Now();
   std::vector<std::string> gone;
   for (const auto& [token, m] : members_) {
@@ -86,7 +85,6 @@ std::vector<std::string> Membership::Expire() {
                             : now - m.last_heard > options_.heartbeat_timeout_seconds;
     if (silent) gone.push_back(token);
   }
-  for (const std::string& token : gone) Remove(token);
   return gone;
 }
 
@@ -112,8 +110,9 @@ EpochPlan Membership::NextEpoch() {
   for (const auto& [token, m] : members_) {
     if (m.state == MemberState::kReady) ready.push_back(token);
   }
-  std::sort(ready.begin(), ready.end(),
-            [&](const std::string& a, const std::string& b) { return order_[a] < order_[b]; });
+  std::sort(ready.begin(), ready.end(), [&](const std::string& a, const std::string& b) {
+    return members_[a].order < members_[b].order;
+  });
   bool survivors_trained = false, newcomer = false;
   for (const std::string& token : plan.tokens) survivors_trained |= members_[token].trained;
   for (const std::string& token : ready) {
@@ -156,9 +155,8 @@ const MemberInfo* Membership::Find(const std::string& token) const {
 std::vector<MemberInfo> Membership::Members() const {
   std::vector<MemberInfo> out;
   for (const auto& [token, m] : members_) out.push_back(m);
-  std::sort(out.begin(), out.end(), [&](const MemberInfo& a, const MemberInfo& b) {
-    return order_.at(a.token) < order_.at(b.token);
-  });
+  std::sort(out.begin(), out.end(),
+            [](const MemberInfo& a, const MemberInfo& b) { return a.order < b.order; });
   return out;
 }
 

@@ -39,6 +39,7 @@ struct MemberInfo {
   double since = 0;       // when it entered its state
   double last_heard = 0;  // its last message
   bool trained = false;   // was active when a step committed (holds the group's state)
+  uint64_t order = 0;     // join order: ready workers take ranks in it
 };
 
 // A new epoch: the members by rank, and whether any of them needs the group's state (a newcomer
@@ -65,8 +66,8 @@ class Membership {
   // active: the epoch must change.
   bool Remove(const std::string& token);
   // Ready or active members silent for longer than the heartbeat timeout, and tokens not bound
-  // within the bind timeout, are removed. Returns their tokens.
-  std::vector<std::string> Expire();
+  // within the bind timeout: the caller removes them (and closes their streams) like any loss.
+  std::vector<std::string> Silent() const;
   // Makes the next step boundary start a new epoch with the same members (a failed collective
   // that no loss explains).
   void RequestReform() { reform_requested_ = true; }
@@ -101,7 +102,6 @@ class Membership {
   bool lost_active_ = false;  // an active member left since the epoch started
   bool reform_requested_ = false;
   uint64_t next_order_ = 0;
-  std::map<std::string, uint64_t> order_;  // join order (ready workers take ranks in it)
 };
 
 }  // namespace flashdraft

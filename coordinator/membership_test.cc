@@ -58,7 +58,8 @@ TEST(MembershipTest, TokensAreLeasedNotUsedUp) {
   // b never binds: its token expires and its place is free again.
   clock.Advance(31);
   m.Heard(a);
-  EXPECT_THAT(m.Expire(), ElementsAre(*b));
+  EXPECT_THAT(m.Silent(), ElementsAre(*b));
+  EXPECT_FALSE(m.Remove(*b));  // never bound, so never active
   EXPECT_FALSE(m.Valid(*b));
   EXPECT_EQ(m.Bind(*b).code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(m.Admit("c").ok());
@@ -97,7 +98,9 @@ TEST(MembershipTest, SilentMembersAreLostAfterTheHeartbeatTimeout) {
   clock.Advance(6);
   m.Heard(a);
   clock.Advance(5);  // b silent for 11 s, a for 5 s
-  EXPECT_THAT(m.Expire(), ElementsAre(b));
+  EXPECT_THAT(m.Silent(), ElementsAre(b));
+  EXPECT_FALSE(m.Changed());  // nothing removed yet
+  EXPECT_TRUE(m.Remove(b));
   EXPECT_TRUE(m.Changed());
   EXPECT_EQ(m.RankOf(b), -1);
   EXPECT_EQ(m.Count(MemberState::kActive), 1);

@@ -106,11 +106,17 @@ absl::Status GradientReducer::BeginStep(int64_t num_shards, const std::vector<in
   absl::MutexLock lock(&mu_);
   for (Bucket& b : buckets_) {
     b.work.reset();  // a failed step's: dropping it does not wait
-    b.started = false;
     b.merged = true;
   }
   num_shards_ = num_shards;
   offsets_ = offsets;
+  step_nodes_.clear();
+  nodes_per_rank_.clear();
+  for (int r = 0; r < world; ++r) {
+    const std::vector<ShardNode> cover = ShardTreeCover(num_shards, offsets[r], offsets[r + 1]);
+    step_nodes_.insert(step_nodes_.end(), cover.begin(), cover.end());
+    nodes_per_rank_.push_back(static_cast<int64_t>(cover.size()));
+  }
   next_shard_ = offsets_[collective_->rank()];
   stack_ = ShardStack(num_shards);
   pending_adds_.clear();
@@ -141,10 +147,7 @@ void GradientReducer::Prepare() {
     pending_adds_ = stack_.Push({next_shard_, next_shard_ + 1});
     ++next_shard_;
   } else {
-    for (Bucket& b : buckets_) {
-      b.work.reset();  // a failed step's: dropping it does not wait
-      b.started = false;
-    }
+    for (Bucket& b : buckets_) b.work.reset();  // a failed step's: dropping it does not wait
     current_slot_ = 0;
     next_to_start_ = 0;
     started_during_backward_ = 0;
@@ -207,7 +210,6 @@ void GradientReducer::StartReadyBuckets() {
 
 void GradientReducer::StartBucket(Bucket& b) {
   torch::NoGradGuard no_grad;
-  b.started = true;
   const int64_t world = collective_->world_size();
   const int64_t element = Slot(b, 0).element_size();
   if (!options_.ordered) {
@@ -220,15 +222,9 @@ void GradientReducer::StartBucket(Bucket& b) {
   b.send = torch::empty({world * m, b.slice}, b.slots[0].options());
   auto send = b.send.view({world, m, b.slice});
   for (int64_t i = 0; i < m; ++i) send.select(1, i).copy_(b.slots[i].view({world, b.slice}));
-  std::vector<int64_t> recv_rows;
-  int64_t total = 0;
-  for (int64_t r = 0; r < world; ++r) {
-    recv_rows.push_back(
-        static_cast<int64_t>(ShardTreeCover(num_shards_, offsets_[r], offsets_[r + 1]).size()));
-    total += recv_rows.back();
-  }
-  b.recv = torch::empty({total, b.slice}, b.slots[0].options());
-  b.work = collective_->StartAllToAll(b.send, b.recv, std::vector<int64_t>(world, m), recv_rows);
+  b.recv = torch::empty({static_cast<int64_t>(step_nodes_.size()), b.slice}, b.slots[0].options());
+  b.work =
+      collective_->StartAllToAll(b.send, b.recv, std::vector<int64_t>(world, m), nodes_per_rank_);
   bytes_sent_ += static_cast<uint64_t>((world - 1) * m * b.slice * element);
 }
 
@@ -272,15 +268,7 @@ absl::Status GradientReducer::FinishOrdered(const AbortCheck& abort) {
   }
   while (next_to_start_ < buckets_.size()) StartBucket(buckets_[next_to_start_++]);
   absl::Status status = error_;
-  // Every rank's nodes, left to right: the partition of [0, K) the tree is finished from.
-  std::vector<ShardNode> nodes;
-  for (int r = 0; r < world; ++r) {
-    for (const ShardNode& n : ShardTreeCover(num_shards_, offsets_[r], offsets_[r + 1])) {
-      nodes.push_back(n);
-    }
-  }
   std::vector<std::unique_ptr<CollectiveWork>> gathers;
-  const int64_t element = buckets_.empty() ? 4 : buckets_[0].slots[0].element_size();
   for (Bucket& b : buckets_) {
     absl::Status s = b.work->Wait(abort);
     b.work.reset();
@@ -290,9 +278,9 @@ absl::Status GradientReducer::FinishOrdered(const AbortCheck& abort) {
     // This rank's slice: the tree over everyone's nodes, in the tree's own order.
     ShardStack tree(num_shards_);
     std::vector<torch::Tensor> rows;
-    for (size_t i = 0; i < nodes.size(); ++i) {
+    for (size_t i = 0; i < step_nodes_.size(); ++i) {
       rows.push_back(b.recv[static_cast<int64_t>(i)]);
-      for (const auto& [into, from] : tree.Push(nodes[i])) {
+      for (const auto& [into, from] : tree.Push(step_nodes_[i])) {
         rows[into].add_(rows[from]);
         rows.pop_back();
       }
@@ -302,7 +290,7 @@ absl::Status GradientReducer::FinishOrdered(const AbortCheck& abort) {
     const torch::Tensor all = b.slots[0].view({world, b.slice});
     for (int r = 0; r < world; ++r) outputs.push_back(all[r]);
     gathers.push_back(collective_->StartAllGather(std::move(outputs), rows[0]));
-    bytes_sent_ += static_cast<uint64_t>((world - 1) * b.slice * element);
+    bytes_sent_ += static_cast<uint64_t>((world - 1) * b.slice * b.slots[0].element_size());
   }
   for (auto& g : gathers) {
     absl::Status s = g->Wait(abort);

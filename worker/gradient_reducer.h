@@ -86,10 +86,9 @@ class GradientReducer {
     std::vector<torch::Tensor> slots;  // ordered: one per stack slot; plain: one
     torch::TensorOptions options;
     int64_t numel = 0;
-    int64_t slice = 0;     // ordered: elements per rank's slice (slots are W·slice long)
-    size_t pending = 0;    // gradients of the current shard not accumulated yet
-    bool merged = false;   // ordered: the current shard's tree additions are done
-    bool started = false;  // this step's exchange started
+    int64_t slice = 0;    // ordered: elements per rank's slice (slots are W·slice long)
+    size_t pending = 0;   // gradients of the current shard not accumulated yet
+    bool merged = false;  // ordered: the current shard's tree additions are done
     torch::Tensor send, recv;
     std::unique_ptr<CollectiveWork> work;
   };
@@ -126,6 +125,10 @@ class GradientReducer {
   // Ordered: this step's layout and progress through the rank's shards.
   int64_t num_shards_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int64_t> offsets_ ABSL_GUARDED_BY(mu_);
+  // Every rank's tree nodes left to right (the partition of [0, K) the tree is finished from),
+  // and how many of them each rank sends.
+  std::vector<ShardNode> step_nodes_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> nodes_per_rank_ ABSL_GUARDED_BY(mu_);
   int64_t next_shard_ ABSL_GUARDED_BY(mu_) = 0;  // the global index of the next local shard
   int current_slot_ ABSL_GUARDED_BY(mu_) = 0;    // where this shard's gradients accumulate
   ShardStack stack_ ABSL_GUARDED_BY(mu_){1};

@@ -33,6 +33,7 @@
 #include "common/dtype.h"
 #include "common/grpc_status.h"
 #include "common/job_config.h"
+#include "common/shard_tree.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
@@ -401,17 +402,14 @@ absl::Status SyncTrainingState(DrafterImpl& drafter, torch::optim::AdamW& optimi
 }
 
 // The shard layout a step's first Microbatch announces must be the job's: K virtual shards
-// (train.virtual_shards) with the deterministic reduction, one shard per rank without it; rank
-// `rank` of `world` owns at least one.
+// (train.virtual_shards) with the deterministic reduction, one shard per rank without it, laid out
+// over the ranks as the scheduler lays them (ShardOffsets).
 absl::Status CheckShardLayout(const v1::Microbatch& h, const std::vector<int64_t>& offsets,
                               int rank, int world, int64_t virtual_shards) {
   const int64_t want = virtual_shards > 0 ? virtual_shards : world;
-  bool ok = h.num_shards() == want && static_cast<int>(offsets.size()) == world + 1 &&
-            offsets.front() == 0 && offsets.back() == want &&
-            h.rank() == static_cast<uint32_t>(rank) &&
-            h.world_size() == static_cast<uint32_t>(world);
-  for (size_t r = 1; ok && r < offsets.size(); ++r) ok = offsets[r] > offsets[r - 1];
-  if (!ok || h.shard() != static_cast<uint32_t>(offsets[rank])) {
+  if (h.num_shards() != want || offsets != ShardOffsets(want, world) ||
+      h.rank() != static_cast<uint32_t>(rank) || h.world_size() != static_cast<uint32_t>(world) ||
+      h.shard() != static_cast<uint32_t>(offsets[rank])) {
     return absl::DataLossError(absl::StrCat(
         "step ", h.step(), ": the coordinator's shard layout (shard ", h.shard(), " of ",
         h.num_shards(), ", offsets [", absl::StrJoin(offsets, ", "), "], rank ", h.rank(), "/",
@@ -855,8 +853,8 @@ absl::Status RunSession(const WorkerOptions& o) {
       } else if (next.kind == Item::kCommit) {
         continue;  // of another epoch
       } else if (next.kind == Item::kReform) {
-        // The step will not commit in this epoch: every member drops it.
-        trainer.DiscardGradients();
+        // The step will not commit in this epoch: every member drops it (leaving the group
+        // discards its gradients).
         batches.clear();  // all of older epochs
         if (!handle_reform(next.reform)) done = true;
         break;
