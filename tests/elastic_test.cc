@@ -213,8 +213,8 @@ TEST_F(ElasticTest, KilledInsideTheExchangeOrTheCheckpointUpload) {
                                      {absl::StrCat("FLASHDRAFT_FAULT=", fault)});
     EXPECT_EQ(processes_.Wait(launch), 0) << *ReadFile(out + ".log");
     ExpectSameAsReference(out);
-    EXPECT_THAT(WorldSizes(out), ::testing::ElementsAre(3, 2));
     const std::string log = *ReadFile(out + ".log");
+    EXPECT_THAT(WorldSizes(out), ::testing::ElementsAre(3, 2)) << log;
     EXPECT_THAT(log, HasSubstr("FLASHDRAFT_FAULT: killing this worker"));
     if (std::string(fault).rfind("upload", 0) == 0) {
       EXPECT_THAT(log, HasSubstr("checkpoint skipped"));
