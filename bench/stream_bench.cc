@@ -25,6 +25,7 @@
 #include "common/chunk_wire.h"
 #include "common/malloc_tuning.h"
 #include "common/queued_writer.h"
+#include "common/raw_client_stream.h"
 #include "common/tensor_codec.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
 
@@ -128,22 +129,20 @@ double ZeroCopySeconds(const std::shared_ptr<grpc::Channel>& channel, std::vecto
   const auto t0 = Clock::now();
   grpc::ClientContext ctx;
   flashdraft::v1::FetchTensorsRequest request;
-  grpc::internal::RpcMethod method("/flashdraft.v1.Coordinator/FetchTensors",
-                                   grpc::internal::RpcMethod::SERVER_STREAMING, channel);
-  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx,
-                                                                    request));
+  flashdraft::RawClientStream reader(channel, "/flashdraft.v1.Coordinator/FetchTensors", &ctx);
+  reader.Write(flashdraft::MessageToBuffer(request));
+  reader.WritesDone();
   flashdraft::TensorAssembler assembler(
       [&](const flashdraft::TensorSpec&, uint64_t) -> absl::StatusOr<void*> { return dst.data(); });
   // As in the worker: the receiving thread parses each chunk and assembles it as it arrives.
   grpc::ByteBuffer buffer;
   flashdraft::ReceivedChunk chunk;
-  while (reader->Read(&buffer)) {
+  while (reader.Read(&buffer)) {
     if (!flashdraft::ParseChunkBuffer(buffer, 0, &chunk)) Fail("not a chunk");
     absl::Status s = assembler.Add(chunk.header, chunk.data);
     if (!s.ok()) Fail(std::string(s.message()));
   }
-  if (!reader->Finish().ok() || !assembler.complete()) Fail("stream failed");
+  if (!reader.Finish().ok() || !assembler.complete()) Fail("stream failed");
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 

@@ -273,6 +273,11 @@ int Launch(const LaunchOptions& o) {
     }
     if (coordinator->exited && !coordinator_restarting &&
         kill_at == std::chrono::steady_clock::time_point{}) {
+      // The job is over: a worker still around (dropped near the end, joining again) stops trying
+      // at SIGTERM and exits 0; one still exporting the drafter finishes first.
+      for (auto& c : children) {
+        if (!c->exited && c.get() != coordinator) kill(c->pid, SIGTERM);
+      }
       kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(15);
     }
     bool all_exited = true;

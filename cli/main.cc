@@ -45,6 +45,31 @@ absl::Status ParseLayerIds(const std::string& text, std::vector<int>& out) {
   return absl::OkStatus();
 }
 
+// `flashdraft status ADDR --drain WORKER`: WORKER is a rank of the current epoch or a worker id.
+int Drain(const std::string& address, const std::string& worker) {
+  auto stub =
+      v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::DrainRequest request;
+  uint32_t rank = 0;
+  if (absl::SimpleAtoi(worker, &rank)) {
+    request.set_rank(rank);
+  } else {
+    request.set_worker_id(worker);
+  }
+  v1::DrainReply reply;
+  grpc::Status s = stub->Drain(&ctx, request, &reply);
+  if (!s.ok()) {
+    return Fail(absl::UnavailableError("no coordinator answering at " + address + ": " +
+                                       s.error_message()));
+  }
+  if (!reply.accepted())
+    return Fail(absl::NotFoundError("--drain " + worker + ": " + reply.message()));
+  std::printf("%s\n", reply.message().c_str());
+  return 0;
+}
+
 int PrintStatus(const std::string& address) {
   auto stub =
       v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
@@ -62,8 +87,10 @@ int PrintStatus(const std::string& address) {
               static_cast<unsigned long long>(reply.membership_epoch()), reply.loss(),
               reply.tau_estimate());
   for (const v1::WorkerStatus& w : reply.workers()) {
-    std::printf("  worker %-20s %-6s rank %2d  last heard %.1f s ago\n", w.worker_id().c_str(),
-                w.state().c_str(), w.rank(), w.seconds_since_heard());
+    std::printf("  worker %-20s %-6s rank %2d  %-9s step %-6llu last heard %.1f s ago%s\n",
+                w.worker_id().c_str(), w.state().c_str(), w.rank(), w.phase().c_str(),
+                static_cast<unsigned long long>(w.step()), w.seconds_since_heard(),
+                w.leaving() ? "  (leaving)" : "");
   }
   return 0;
 }
@@ -257,6 +284,10 @@ int main(int argc, char** argv) {
   CLI::App* status = app.add_subcommand("status", "Ask a running coordinator how the job is going");
   std::string status_address;
   status->add_option("coordinator", status_address, "host:port")->required();
+  std::string drain_worker;
+  status->add_option("--drain", drain_worker,
+                     "make this worker (a rank of the current epoch, or a worker id) leave at "
+                     "the next step boundary");
 
   app.add_subcommand("version", "Print the version");
 
@@ -277,7 +308,10 @@ int main(int argc, char** argv) {
     }
     return flashdraft::Launch(launch_options);
   }
-  if (status->parsed()) return flashdraft::PrintStatus(status_address);
+  if (status->parsed()) {
+    if (!drain_worker.empty()) return flashdraft::Drain(status_address, drain_worker);
+    return flashdraft::PrintStatus(status_address);
+  }
   if (prepare->parsed()) {
     if (absl::Status s = flashdraft::ParseLayerIds(prepare_layers, prepare_options.layer_ids);
         !s.ok()) {

@@ -213,10 +213,12 @@ const std::vector<Field>& Fields() {
       FD_FIELD(cluster, heartbeat_timeout_seconds, double, Positive()),
       FD_FIELD(cluster, collective_timeout_seconds, double, Positive()),
       FD_FIELD(cluster, join_timeout_seconds, double, Positive()),
+      FD_FIELD(cluster, stall_timeout_seconds, double, Positive()),
       FD_FIELD(cluster, allreduce_bucket_mib, double, Between(0.001, 4096.0)),
 
       FD_FIELD(checkpoint, dir, std::string),
       FD_FIELD(checkpoint, every_steps, int, AtLeast(0)),
+      FD_FIELD(checkpoint, every_seconds, double, AtLeast(0.0)),
       FD_FIELD(checkpoint, keep_last, int, AtLeast(1)),
       FD_FIELD(checkpoint, resume, bool),
 

@@ -90,6 +90,9 @@ struct ClusterConfig {
   double heartbeat_timeout_seconds = 20.0;
   double collective_timeout_seconds = 300.0;
   double join_timeout_seconds = 600.0;
+  // A worker whose training thread stays in one computing phase (forward, backward, optimizer,
+  // checkpoint snapshot) this long is lost, even while its heartbeats arrive.
+  double stall_timeout_seconds = 300.0;
   // Gradients are summed in buckets of this size, each starting while backward still runs.
   double allreduce_bucket_mib = 4.0;
 };
@@ -97,6 +100,8 @@ struct ClusterConfig {
 struct CheckpointConfig {
   std::string dir;        // empty: <output_dir>/checkpoints
   int every_steps = 500;  // 0: never; otherwise also after the last step
+  // Also checkpoint when this long has passed since the last one (0: never).
+  double every_seconds = 0;
   int keep_last = 3;
   // Start from the newest checkpoint in `dir` when there is one (the step after it, its weights and
   // optimizer state); a fresh start otherwise.

@@ -177,4 +177,10 @@ absl::StatusOr<std::optional<CheckpointInfo>> CheckpointStore::Latest() const {
       CheckpointInfo{step, dir, dir + "/" + kModelFile, dir + "/" + kOptimizerFile, job});
 }
 
+bool CheckpointCadence::Due(int64_t step) const {
+  if (every_steps_ > 0 && (step + 1) % every_steps_ == 0) return true;
+  if (every_seconds_ > 0 && clock_.Now() - last_ >= every_seconds_) return true;
+  return (every_steps_ > 0 || every_seconds_ > 0) && step + 1 == total_steps_;
+}
+
 }  // namespace flashdraft

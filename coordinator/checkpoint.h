@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 #include "common/tensor_codec.h"
 
 namespace flashdraft {
@@ -50,6 +51,30 @@ class CheckpointStore {
   std::string root_;
   int keep_last_;
   std::string job_;
+};
+
+// When the commit of a step also writes a checkpoint (checkpoint.every_steps, every_seconds):
+// every `every_steps` steps, when `every_seconds` passed since the last checkpoint (or the start),
+// after the last step when either is set, and when the caller stops early.
+class CheckpointCadence {
+ public:
+  CheckpointCadence(int every_steps, double every_seconds, int64_t total_steps, const Clock& clock)
+      : every_steps_(every_steps),
+        every_seconds_(every_seconds),
+        total_steps_(total_steps),
+        clock_(clock),
+        last_(clock.Now()) {}
+  // Whether committing `step` (0-based) checkpoints the state after it.
+  bool Due(int64_t step) const;
+  // A checkpoint was taken now: the time cadence counts from here.
+  void Taken() { last_ = clock_.Now(); }
+
+ private:
+  int every_steps_;
+  double every_seconds_;
+  int64_t total_steps_;
+  const Clock& clock_;
+  double last_;
 };
 
 }  // namespace flashdraft

@@ -80,5 +80,30 @@ TEST(CheckpointStoreTest, RefusesTensorsOfNoKnownKind) {
   EXPECT_FALSE(std::filesystem::exists(dir.Join("ckpt/step-00000001")));
 }
 
+TEST(CheckpointCadenceTest, StepsSecondsAndTheLastStep) {
+  FakeClock clock;
+  CheckpointCadence steps(10, 0, 25, clock);
+  EXPECT_FALSE(steps.Due(0));
+  EXPECT_TRUE(steps.Due(9));
+  EXPECT_FALSE(steps.Due(10));
+  EXPECT_TRUE(steps.Due(24));  // the last step
+  clock.Advance(1e6);
+  EXPECT_FALSE(steps.Due(11));  // no time cadence
+
+  CheckpointCadence seconds(0, 60, 1000, clock);
+  EXPECT_FALSE(seconds.Due(3));
+  clock.Advance(59);
+  EXPECT_FALSE(seconds.Due(4));
+  clock.Advance(1);
+  EXPECT_TRUE(seconds.Due(5));
+  seconds.Taken();
+  EXPECT_FALSE(seconds.Due(6));
+  EXPECT_TRUE(seconds.Due(999));
+
+  CheckpointCadence never(0, 0, 5, clock);
+  clock.Advance(1e6);
+  EXPECT_FALSE(never.Due(4));
+}
+
 }  // namespace
 }  // namespace flashdraft

@@ -4,35 +4,26 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstring>
-#include <deque>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <random>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "common/chunk_wire.h"
 #include "common/file_util.h"
-#include "common/grpc_status.h"
-#include "common/queued_writer.h"
+#include "common/grpc_options.h"
 #include "common/shard_tree.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
-#include "flashdraft/v1/coordinator.grpc.pb.h"
+#include "coordinator/service.h"
 #include "glog/logging.h"
 #include "model/dflash_math.h"
 
 namespace flashdraft {
 namespace {
-
-double UnixSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 // How long a reported collective failure waits for a lost worker to explain it before the epoch
 // is re-formed with the same members (a transient failure).
@@ -43,243 +34,7 @@ constexpr double kStartSettleSeconds = 2.0;
 // Re-forms of one step without a loss before the job gives up on it.
 constexpr int kMaxReformsPerStep = 5;
 
-constexpr int kMaxMessageBytes = 64 << 20;
-
 }  // namespace
-
-// The Train stream of one worker: an outbound queue with one write in flight; reads dispatch to the
-// coordinator, which never blocks in them. The stream is raw (ByteBuffers): outgoing messages are
-// serialized CoordinatorMessages whose tensor chunks point at the coordinator's buffers
-// (common/chunk_wire.h), incoming ones are parsed here.
-class TrainSession
-    : public QueuedWriter<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>> {
- public:
-  explicit TrainSession(Coordinator* coordinator) : coordinator_(coordinator) {
-    StartRead(&in_bytes_);
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      coordinator_->SessionEnded(this, "the worker closed its stream");
-      FinishAfterWrites(grpc::Status::OK);
-      return;
-    }
-    if (!BufferToMessage(in_bytes_, &in_)) {
-      if (!token_.empty()) coordinator_->OnWorkerError(token_, "sent a malformed WorkerMessage");
-      FinishAfterWrites(
-          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed WorkerMessage"));
-      return;
-    }
-    if (token_.empty()) {
-      // The first message identifies the worker and binds its token to this stream.
-      absl::Status bound = coordinator_->SessionStarted(this, in_.session_token());
-      if (!bound.ok()) {
-        FinishAfterWrites(ToGrpcStatus(bound));
-        return;
-      }
-      token_ = in_.session_token();
-    } else if (in_.session_token() != token_) {
-      coordinator_->OnWorkerError(token_, "changed its session token on its stream");
-      FinishAfterWrites(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "token changed"));
-      return;
-    }
-    switch (in_.kind_case()) {
-      case v1::WorkerMessage::kAck:
-        coordinator_->OnAck(token_, in_.ack());
-        break;
-      case v1::WorkerMessage::kHeartbeat:
-        coordinator_->OnHeartbeat(token_);
-        break;
-      case v1::WorkerMessage::kError:
-        coordinator_->OnWorkerError(token_, in_.error());
-        break;
-      case v1::WorkerMessage::kCheckpoint:
-        coordinator_->OnCheckpointUpload(token_, in_.checkpoint());
-        break;
-      case v1::WorkerMessage::kTensorChunk:
-        coordinator_->OnCheckpointChunk(token_, in_.tensor_chunk());
-        break;
-      case v1::WorkerMessage::kCollectiveFailure:
-        coordinator_->OnCollectiveFailure(token_, in_.collective_failure());
-        break;
-      default:
-        break;
-    }
-    StartRead(&in_bytes_);
-  }
-
-  void OnDone() override {
-    coordinator_->SessionEnded(this, "the stream ended");
-    delete this;
-  }
-
- private:
-  Coordinator* coordinator_;
-  grpc::ByteBuffer in_bytes_;
-  v1::WorkerMessage in_;
-  std::string token_;  // empty until the first message
-};
-
-// FetchTensors: tensors of mapped safetensors files (the frozen target tensors, the drafter's
-// starting weights) as chunks, one write in flight, each chunk encoded right before its write as a
-// slice of the mapped file (no copy).
-class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
- public:
-  explicit FetchReactor(std::vector<FetchEntry> entries) : entries_(std::move(entries)) { Next(); }
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
-      return;
-    }
-    Next();
-  }
-  void OnDone() override { delete this; }
-
- private:
-  void Next() {
-    while (true) {
-      // An empty tensor still sends its one (empty) chunk: num_chunks is at least 1.
-      if (tensor_ >= 0 && next_index_ < header_.num_chunks()) {
-        const uint64_t offset = uint64_t{next_index_} * kDefaultMaxChunkBytes;
-        header_.set_offset(offset);
-        header_.set_chunk_index(next_index_++);
-        buffer_ =
-            EncodeChunkBuffer(header_, view_.data + offset,
-                              std::min<uint64_t>(kDefaultMaxChunkBytes, view_.nbytes - offset),
-                              entries_[tensor_].file, /*wrapper_field=*/0);
-        StartWrite(&buffer_);
-        return;
-      }
-      ++tensor_;
-      if (tensor_ >= static_cast<int>(entries_.size())) {
-        Finish(grpc::Status::OK);
-        return;
-      }
-      const FetchEntry& entry = entries_[tensor_];
-      absl::StatusOr<TensorView> view = entry.file->Get(entry.name);
-      if (!view.ok()) {
-        Finish(ToGrpcStatus(view.status()));
-        return;
-      }
-      view_ = *view;
-      header_.Clear();
-      absl::StatusOr<uint32_t> chunks =
-          StartChunkHeader({entry.wire_name, view_.dtype, view_.shape}, view_.nbytes,
-                           kDefaultMaxChunkBytes, header_);
-      if (!chunks.ok()) {
-        Finish(ToGrpcStatus(chunks.status()));
-        return;
-      }
-      next_index_ = 0;
-    }
-  }
-
-  std::vector<FetchEntry> entries_;
-  int tensor_ = -1;
-  TensorView view_;
-  v1::TensorChunk header_;
-  uint32_t next_index_ = 0;
-  grpc::ByteBuffer buffer_;
-};
-
-// Train and FetchTensors are raw methods (ByteBuffers) so that tensor bytes are never copied into
-// or out of protobuf messages; the bytes on the wire are the same protobuf encoding.
-class CoordinatorServiceImpl
-    : public v1::Coordinator::WithCallbackMethod_Join<v1::Coordinator::WithRawCallbackMethod_Train<
-          v1::Coordinator::WithRawCallbackMethod_FetchTensors<
-              v1::Coordinator::WithCallbackMethod_Status<
-                  v1::Coordinator::WithCallbackMethod_Store<v1::Coordinator::Service>>>>> {
- public:
-  explicit CoordinatorServiceImpl(Coordinator* c) : c_(c) {}
-
-  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* request,
-                                 v1::JoinReply* reply) override {
-    c_->Join(*request, reply);
-    auto* reactor = ctx->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Train(
-      grpc::CallbackServerContext*) override {
-    return new TrainSession(c_);
-  }
-
-  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchTensors(
-      grpc::CallbackServerContext*, const grpc::ByteBuffer* request_bytes) override {
-    struct Refuse : grpc::ServerWriteReactor<grpc::ByteBuffer> {
-      explicit Refuse(grpc::Status status) { Finish(std::move(status)); }
-      void OnDone() override { delete this; }
-    };
-    v1::FetchTensorsRequest request;
-    if (!BufferToMessage(*request_bytes, &request)) {
-      return new Refuse(
-          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed FetchTensorsRequest"));
-    }
-    if (!c_->ValidToken(request.session_token())) {
-      return new Refuse(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown session token"));
-    }
-    absl::StatusOr<std::vector<FetchEntry>> entries =
-        c_->ResolveFetch({request.names().begin(), request.names().end()});
-    if (!entries.ok()) return new Refuse(ToGrpcStatus(entries.status()));
-    return new FetchReactor(*std::move(entries));
-  }
-
-  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest*,
-                                   v1::StatusReply* reply) override {
-    c_->FillStatus(reply);
-    auto* reactor = ctx->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-
-  grpc::ServerUnaryReactor* Store(grpc::CallbackServerContext* ctx, const v1::StoreRequest* req,
-                                  v1::StoreReply* reply) override {
-    auto* reactor = ctx->DefaultReactor();
-    if (!c_->ValidToken(req->session_token())) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown session token"));
-      return reactor;
-    }
-    RendezvousStore& store = c_->store();
-    switch (req->op_case()) {
-      case v1::StoreRequest::kSet:
-        store.Set(req->set().key(), req->set().value());
-        break;
-      case v1::StoreRequest::kGet: {
-        std::string value;
-        reply->set_ready(store.Get(req->get().key(), &value));
-        reply->set_value(std::move(value));
-        break;
-      }
-      case v1::StoreRequest::kAdd:
-        reply->set_counter(store.Add(req->add().key(), req->add().delta()));
-        break;
-      case v1::StoreRequest::kCheck:
-        reply->set_ready(store.Check({req->check().keys().begin(), req->check().keys().end()}));
-        break;
-      case v1::StoreRequest::kDeleteKey:
-        reply->set_deleted(store.Delete(req->delete_key().key()));
-        break;
-      case v1::StoreRequest::kNumKeys:
-        reply->set_counter(store.NumKeys());
-        break;
-      default:
-        reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty store request"));
-        return reactor;
-    }
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-
- private:
-  Coordinator* c_;
-};
-
-std::vector<double> StepRecord::SlotAccuracy() const {
-  return flashdraft::SlotAccuracy(slot_correct, slot_total);
-}
-
-double StepRecord::TauEstimate() const { return flashdraft::TauEstimate(SlotAccuracy()); }
 
 // data.source 'shards': the manifest carries the drafter config, target.safetensors the tensors.
 absl::StatusOr<SourceBundle> Coordinator::OpenShardSource(const JobConfig& j) {
@@ -353,7 +108,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   mo.max_workers = j.cluster.max_workers;
   mo.heartbeat_timeout_seconds = j.cluster.heartbeat_timeout_seconds;
   mo.bind_timeout_seconds = j.cluster.join_timeout_seconds;
+  mo.stall_timeout_seconds = j.cluster.stall_timeout_seconds;
   c->membership_ = std::make_unique<Membership>(mo, *c->clock_);
+  c->ledger_ = std::make_unique<StepLedger>(j.drafter.block_size - 1);
   c->total_steps_ = j.train.max_steps > 0
                         ? j.train.max_steps
                         : static_cast<int64_t>(c->scheduler_->steps_per_epoch()) * j.train.epochs;
@@ -379,23 +136,29 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
     FD_ASSIGN_OR_RETURN(const std::string weights_path, initial_weights(j, dc));
     FD_ASSIGN_OR_RETURN(c->initial_weights_, SafetensorsModel::Open(weights_path));
   }
-  c->steps_file_.open(j.output_dir + "/steps.jsonl", resumed ? std::ios::app : std::ios::trunc);
-  if (!c->steps_file_) {
-    return absl::InternalError(absl::StrCat("cannot write ", j.output_dir, "/steps.jsonl"));
+  // An upload holds the parameters, two AdamW moments per parameter (F32, like the weights) and
+  // the step: anything larger is refused before it is allocated.
+  uint64_t weight_bytes = 0;
+  for (const std::string& name : c->initial_weights_->names()) {
+    FD_ASSIGN_OR_RETURN(const TensorView view, c->initial_weights_->Get(name));
+    weight_bytes += view.nbytes;
   }
+  c->upload_ = std::make_unique<UploadReceiver>(3 * weight_bytes + 4096);
+  FD_ASSIGN_OR_RETURN(StepLog log, StepLog::Open(j.output_dir + "/steps.jsonl", c->start_step_));
+  c->step_log_ = std::make_unique<StepLog>(std::move(log));
   return c;
 }
 
 Coordinator::~Coordinator() {
+  if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
 absl::Status Coordinator::Start() {
-  service_ = std::make_unique<CoordinatorServiceImpl>(this);
+  service_ = NewCoordinatorService(this);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(job_.cluster.listen, grpc::InsecureServerCredentials(), &port_);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  ConfigureServer(builder);
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
@@ -430,20 +193,8 @@ absl::StatusOr<bool> Coordinator::Resume() {
   }
   FD_ASSIGN_OR_RETURN(initial_weights_, SafetensorsModel::Open(latest->model_path));
   FD_ASSIGN_OR_RETURN(optimizer_state_, SafetensorsModel::Open(latest->optimizer_path));
+  // steps.jsonl keeps the records of the steps the checkpoint holds (StepLog::Open).
   start_step_ = static_cast<int64_t>(latest->completed_steps);
-  // steps.jsonl keeps the records of the steps the checkpoint holds; later ones are trained again.
-  const std::string steps_path = job_.output_dir + "/steps.jsonl";
-  std::string kept;
-  if (absl::StatusOr<std::string> text = ReadFile(steps_path); text.ok()) {
-    for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
-      const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
-      if (record.is_object() && record.contains("step") && record["step"].is_number_unsigned() &&
-          record["step"].get<int64_t>() < start_step_) {
-        absl::StrAppend(&kept, line, "\n");
-      }
-    }
-  }
-  FD_RETURN_IF_ERROR(WriteFileAtomically(steps_path, kept));
   LOG(INFO) << "resuming from " << latest->dir << ": step " << start_step_ << " of "
             << total_steps_;
   return true;
@@ -562,7 +313,8 @@ void Coordinator::UpdateWorkerMetricsLocked() {
 }
 
 void Coordinator::DropSessionLocked(const std::string& token, const std::string& why) {
-  const MemberInfo* member = membership_->Find(token);
+  const MemberInfo* found = membership_->Find(token);
+  const std::optional<MemberInfo> member = found ? std::optional<MemberInfo>(*found) : std::nullopt;
   const std::string who = member ? absl::StrCat("'", member->worker_id, "'")
                                  : absl::StrCat("token ", token.substr(0, 6));
   const int rank = membership_->RankOf(token);
@@ -571,6 +323,7 @@ void Coordinator::DropSessionLocked(const std::string& token, const std::string&
     LOG(WARNING) << "worker " << who << " (rank " << rank << " of epoch " << epoch_
                  << ") lost: " << why;
     metrics_->WorkerFailed();
+    changes_.emplace_back(member->worker_id, absl::StrCat("lost: ", why));
   } else if (member && !over) {
     LOG(INFO) << "worker " << who << " left before training: " << why;
   }
@@ -599,32 +352,86 @@ void Coordinator::SessionEnded(TrainSession* session, const std::string& why) {
 }
 
 void Coordinator::ExpireLocked() {
-  for (const std::string& token : membership_->Silent()) {
-    const bool bound = membership_->Find(token)->state != MemberState::kJoined;
-    DropSessionLocked(
-        token, bound ? absl::StrCat("no message for ", job_.cluster.heartbeat_timeout_seconds,
-                                    " s (heartbeat timeout)")
-                     : absl::StrCat("no Train stream within ", job_.cluster.join_timeout_seconds,
-                                    " s of joining"));
-  }
+  for (const Expiry& expired : membership_->Expired())
+    DropSessionLocked(expired.token, expired.why);
 }
 
 void Coordinator::OnAck(const std::string& token, const v1::StepAck& ack) {
   std::lock_guard<std::mutex> lock(mu_);
   membership_->Heard(token);
-  const int rank = membership_->RankOf(token);
   // Acks of another epoch, of a step that is not in flight, or from a non-member are stale.
-  if (rank < 0 || ack.membership_epoch() != epoch_ || ack.step() < committed_) {
+  if (!ledger_->Add(membership_->RankOf(token), committed_, ack)) {
     VLOG(1) << "ignored a stale ack of step " << ack.step() << " epoch " << ack.membership_epoch();
     return;
   }
-  acks_[ack.step()][rank] = ack;
   cv_.notify_all();
 }
 
-void Coordinator::OnHeartbeat(const std::string& token) {
+void Coordinator::OnHeartbeat(const std::string& token, const v1::Heartbeat& heartbeat) {
+  std::lock_guard<std::mutex> lock(mu_);
+  membership_->Progress(token, heartbeat.progress(),
+                        heartbeat.phase().empty() ? "idle" : heartbeat.phase(), heartbeat.step(),
+                        heartbeat.busy());
+}
+
+void Coordinator::OnLeave(const std::string& token, const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
   membership_->Heard(token);
+  if (!membership_->RequestLeave(token, absl::StrCat("the worker asked to leave (", reason, ")"))
+           .ok()) {
+    return;
+  }
+  LOG(INFO) << "worker '" << membership_->Find(token)->worker_id << "' asks to leave: " << reason;
+  ReleaseLeavingLocked(/*at_step_boundary=*/false);
+  cv_.notify_all();
+}
+
+void Coordinator::Drain(const v1::DrainRequest& request, v1::DrainReply* reply) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string token = request.worker_case() == v1::DrainRequest::kRank
+                                ? membership_->TokenOfRank(static_cast<int>(request.rank()))
+                                : membership_->TokenOfWorker(request.worker_id());
+  if (token.empty() || request.worker_case() == v1::DrainRequest::WORKER_NOT_SET) {
+    reply->set_accepted(false);
+    reply->set_message(request.worker_case() == v1::DrainRequest::kRank
+                           ? absl::StrCat("no worker has rank ", request.rank(),
+                                          " in membership epoch ", epoch_, " (",
+                                          membership_->world_size(), " worker(s))")
+                           : absl::StrCat("no worker '", request.worker_id(), "' in the job"));
+    return;
+  }
+  const MemberInfo& m = *membership_->Find(token);
+  (void)membership_->RequestLeave(token, "drained (flashdraft status --drain)");
+  reply->set_accepted(true);
+  reply->set_message(
+      m.state == MemberState::kActive
+          ? absl::StrCat("worker '", m.worker_id, "' (rank ", m.rank, ") leaves after step ",
+                         committed_, " commits")
+          : absl::StrCat("worker '", m.worker_id, "' leaves now (it was not training)"));
+  LOG(INFO) << reply->message();
+  ReleaseLeavingLocked(/*at_step_boundary=*/false);
+  cv_.notify_all();
+}
+
+void Coordinator::ReleaseLeavingLocked(bool at_step_boundary) {
+  for (const std::string& token : membership_->Leaving()) {
+    const MemberInfo m = *membership_->Find(token);
+    if (m.state == MemberState::kActive && !at_step_boundary) continue;
+    auto it = sessions_.find(token);
+    if (it != sessions_.end()) {
+      v1::CoordinatorMessage shutdown;
+      shutdown.mutable_shutdown()->set_reason(m.leave_reason);
+      it->second->Send(MessageToBuffer(shutdown));
+      it->second->FinishAfterWrites(grpc::Status::OK);
+      sessions_.erase(it);
+    }
+    membership_->Remove(token);
+    changes_.emplace_back(m.worker_id, absl::StrCat("left: ", m.leave_reason));
+    LOG(INFO) << "worker '" << m.worker_id << "'"
+              << (m.rank >= 0 ? absl::StrCat(" (rank ", m.rank, ")") : "")
+              << " left: " << m.leave_reason;
+  }
+  UpdateWorkerMetricsLocked();
 }
 
 void Coordinator::OnWorkerError(const std::string& token, const std::string& error) {
@@ -644,7 +451,7 @@ void Coordinator::OnCollectiveFailure(const std::string& token,
 }
 
 void Coordinator::FailUploadLocked(std::string why) {
-  upload_ = Upload();
+  upload_->Reset();
   if (failure_.ok()) failure_ = absl::DataLossError(absl::StrCat("checkpoint upload: ", why));
   cv_.notify_all();
 }
@@ -653,50 +460,61 @@ void Coordinator::OnCheckpointUpload(const std::string& token, const v1::Checkpo
   std::lock_guard<std::mutex> lock(mu_);
   membership_->Heard(token);
   const int rank = membership_->RankOf(token);
-  if (rank != 0) return FailUploadLocked(absl::StrCat("sent by rank ", rank, ", not rank 0"));
-  if (upload_.active) return FailUploadLocked("a new upload began before the last one ended");
-  if (upload.num_tensors() == 0) return FailUploadLocked("an upload of no tensors");
-  upload_ = Upload();
-  upload_.token = token;
-  upload_.active = true;
-  upload_.completed_steps = upload.completed_steps();
-  upload_.remaining = upload.num_tensors();
-  upload_.assembler = std::make_unique<TensorAssembler>(
-      [this](const TensorSpec& spec, uint64_t nbytes) -> absl::StatusOr<void*> {
-        upload_.tensors.push_back({spec, std::vector<uint8_t>(nbytes)});
-        return upload_.tensors.back().bytes.data();
-      });
+  // The uploader snapshots and sends on a side thread: an announcement made just before a
+  // re-form may arrive after it; it is of no use then, and no error.
+  if (upload.membership_epoch() != epoch_ || rank != 0) {
+    LOG(WARNING) << "ignored a checkpoint upload of epoch " << upload.membership_epoch()
+                 << " from rank " << rank << " (epoch " << epoch_ << " is current)";
+    return;
+  }
+  if (absl::Status s = upload_->Begin(token, upload); !s.ok()) {
+    return FailUploadLocked(std::string(s.message()));
+  }
 }
 
 void Coordinator::OnCheckpointChunk(const std::string& token, const v1::TensorChunk& chunk) {
   std::lock_guard<std::mutex> lock(mu_);
   membership_->Heard(token);
-  if (!upload_.active || upload_.token != token) {
-    return FailUploadLocked("a tensor chunk arrived outside an upload");
-  }
-  if (absl::Status s = upload_.assembler->Add(chunk); !s.ok()) {
+  // Chunks of an upload that a re-form cancelled still arrive: dropped.
+  if (!upload_->active() || upload_->token() != token) return;
+  if (absl::Status s = upload_->Add(token, chunk); !s.ok()) {
     return FailUploadLocked(std::string(s.message()));
   }
-  if (!upload_.assembler->complete()) return;
-  upload_.assembler->Reset();
-  if (--upload_.remaining > 0) return;
-  upload_.active = false;
-  uploaded_steps_ = upload_.completed_steps;
-  cv_.notify_all();
+  if (!upload_->active()) cv_.notify_all();
 }
 
-absl::Status Coordinator::TakeCheckpoint(uint64_t completed_steps) {
+void Coordinator::StartCheckpoint(uint64_t completed_steps) {
+  FinishCheckpoint();
+  uint64_t epoch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    epoch = epoch_;
+  }
+  checkpoint_thread_ = std::thread([this, completed_steps, epoch] {
+    absl::Status taken = TakeCheckpoint(completed_steps, epoch);
+    if (absl::IsAborted(taken)) {
+      LOG(WARNING) << "checkpoint skipped: " << taken.message();
+    } else if (!taken.ok()) {
+      Abort(taken);
+    }
+  });
+}
+
+void Coordinator::FinishCheckpoint() {
+  if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
+}
+
+absl::Status Coordinator::TakeCheckpoint(uint64_t completed_steps, uint64_t epoch) {
   const double start = clock_->Now();
   std::vector<OwnedTensor> tensors;
   {
     std::unique_lock<std::mutex> lock(mu_);
     const double deadline = start + job_.cluster.collective_timeout_seconds;
-    while (failure_.ok() && (upload_.active || uploaded_steps_ != completed_steps)) {
-      ExpireLocked();
-      if (membership_->ranks().empty() || membership_->RankOf(membership_->ranks()[0]) != 0) {
-        upload_ = Upload();
+    while (failure_.ok() && !upload_->Complete(completed_steps)) {
+      // Run's thread expires silent workers; a lost uploader ends the epoch.
+      if (epoch_ != epoch || membership_->Changed()) {
         return absl::AbortedError(
-            absl::StrCat("the uploading worker left before the checkpoint of "
+            absl::StrCat("the membership changed before the checkpoint of "
                          "step ",
                          completed_steps, " arrived"));
       }
@@ -708,8 +526,7 @@ absl::Status Coordinator::TakeCheckpoint(uint64_t completed_steps) {
       cv_.wait_for(lock, std::chrono::milliseconds(100));
     }
     if (!failure_.ok()) return failure_;
-    tensors = std::move(upload_.tensors);
-    upload_ = Upload();
+    tensors = upload_->Take();
   }
   FD_ASSIGN_OR_RETURN(const CheckpointInfo info, checkpoints_->Write(completed_steps, tensors));
   const double seconds = clock_->Now() - start;
@@ -751,6 +568,9 @@ void Coordinator::FillStatus(v1::StatusReply* reply) const {
     w->set_state(MemberStateName(m.state));
     w->set_rank(m.rank);
     w->set_seconds_since_heard(now - m.last_heard);
+    w->set_phase(m.phase);
+    w->set_step(m.step);
+    w->set_leaving(!m.leave_reason.empty());
   }
 }
 
@@ -851,7 +671,7 @@ absl::Status Coordinator::WaitForAcks(uint64_t step) {
       return absl::AbortedError(
           absl::StrCat("the membership changed before step ", step, " committed"));
     }
-    if (static_cast<int>(acks_[step].size()) == world_size_) return absl::OkStatus();
+    if (ledger_->Complete(step)) return absl::OkStatus();
     // A failed collective that no loss explains: re-form with the same members.
     if (collective_failed_at_ > 0 &&
         clock_->Now() - collective_failed_at_ > kCollectiveFailureGraceSeconds) {
@@ -900,16 +720,19 @@ absl::Status Coordinator::StartEpoch(int64_t next_step) {
     }
     cv_.wait_for(lock, std::chrono::milliseconds(100));
     ExpireLocked();
+    ReleaseLeavingLocked(/*at_step_boundary=*/true);  // nobody trains while paused
   }
   if (!failure_.ok()) return failure_;
   metrics_->SetMissingWorkers(0);
+  const std::vector<std::string> before = membership_->ranks();
   const EpochPlan plan = membership_->NextEpoch();
   epoch_ = plan.epoch;
   sending_epoch_ = plan.epoch;
   world_size_ = static_cast<int>(plan.tokens.size());
-  acks_.clear();
+  ledger_->Reset(plan.epoch, world_size_,
+                 ShardOffsets(scheduler_->num_shards(world_size_), world_size_));
   collective_failed_at_ = 0;
-  upload_ = Upload();
+  upload_->Reset();
   state_ = "training";
   std::vector<std::string> ids;
   for (size_t r = 0; r < plan.tokens.size(); ++r) {
@@ -923,112 +746,28 @@ absl::Status Coordinator::StartEpoch(int64_t next_step) {
     reform->set_sync_state(plan.needs_state_sync);
     auto it = sessions_.find(plan.tokens[r]);
     if (it != sessions_.end()) it->second->Send(MessageToBuffer(message));
-    ids.push_back(membership_->Find(plan.tokens[r])->worker_id);
+    const MemberInfo& m = *membership_->Find(plan.tokens[r]);
+    ids.push_back(m.worker_id);
+    if (plan.epoch > 1 && std::find(before.begin(), before.end(), plan.tokens[r]) == before.end()) {
+      changes_.emplace_back(m.worker_id, "joined");
+    }
   }
+  nlohmann::json changes = nlohmann::json::array();
+  for (const auto& [worker, why] : changes_) changes.push_back({{"worker", worker}, {"why", why}});
+  changes_.clear();
   UpdateWorkerMetricsLocked();
   LOG(INFO) << "membership epoch " << plan.epoch << ": " << world_size_ << " worker(s) ["
             << absl::StrJoin(ids, ", ") << "] from step " << next_step
             << (plan.needs_state_sync ? " (newcomers receive the state from rank 0)" : "");
   lock.unlock();
-  WriteEvent({{"event", "membership"},
-              {"membership_epoch", plan.epoch},
-              {"world_size", world_size_},
-              {"workers", ids},
-              {"next_step", next_step},
-              {"unix_time", UnixSeconds()}});
+  step_log_->WriteEvent({{"event", "membership"},
+                         {"membership_epoch", plan.epoch},
+                         {"world_size", world_size_},
+                         {"workers", ids},
+                         {"changes", changes},
+                         {"next_step", next_step},
+                         {"unix_time", UnixSeconds()}});
   return absl::OkStatus();
-}
-
-absl::StatusOr<StepRecord> Coordinator::Aggregate(uint64_t step, double seconds) {
-  std::map<int, v1::StepAck> acks;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    acks = std::move(acks_[step]);
-    acks_.erase(step);
-  }
-  StepRecord r;
-  r.step = step;
-  r.world_size = world_size_;
-  r.step_seconds = seconds;
-  r.learning_rate = CosineLearningRate(job_.train.learning_rate, warmup_steps_, total_steps_,
-                                       static_cast<int64_t>(step));
-  const size_t slots = static_cast<size_t>(job_.drafter.block_size - 1);
-  r.slot_correct.assign(slots, 0);
-  r.slot_total.assign(slots, 0);
-  // Every shard's result exactly once, from the rank that computed it; summed in shard order so
-  // that the record does not depend on which rank computed what.
-  const int64_t num_shards = scheduler_->num_shards(world_size_);
-  const std::vector<int64_t> offsets = ShardOffsets(num_shards, world_size_);
-  std::vector<const v1::ShardResult*> results(num_shards, nullptr);
-  for (const auto& [rank, ack] : acks) {
-    for (const v1::ShardResult& shard : ack.shards()) {
-      const int64_t k = shard.shard();
-      if (k < offsets[rank] || k >= offsets[rank + 1] || results[k] != nullptr) {
-        return absl::DataLossError(absl::StrCat(
-            "worker rank ", rank, " acked shard ", k, " of step ", step, ", which is not its own (",
-            offsets[rank], "..", offsets[rank + 1] - 1, ") or was acked twice"));
-      }
-      if (static_cast<size_t>(shard.slot_correct_size()) != slots ||
-          static_cast<size_t>(shard.slot_total_size()) != slots) {
-        return absl::DataLossError(absl::StrCat("worker rank ", rank, " acked shard ", k,
-                                                " of step ", step, " with ",
-                                                shard.slot_total_size(), " slots, not ", slots));
-      }
-      results[k] = &shard;
-    }
-    const v1::PhaseTimings& t = ack.timings();
-    r.wait_seconds += t.wait_seconds() / world_size_;
-    r.forward_seconds += t.forward_seconds() / world_size_;
-    r.backward_seconds += t.backward_seconds() / world_size_;
-    r.allreduce_seconds += t.allreduce_seconds() / world_size_;
-    r.optimizer_seconds += t.optimizer_seconds() / world_size_;
-    r.max_wait_seconds = std::max(r.max_wait_seconds, t.wait_seconds());
-    r.collective_bytes += ack.collective_bytes();
-  }
-  for (int64_t k = 0; k < num_shards; ++k) {
-    if (results[k] == nullptr) {
-      return absl::DataLossError(absl::StrCat("no worker acked shard ", k, " of step ", step));
-    }
-    const v1::ShardResult& shard = *results[k];
-    r.weighted_loss_sum += shard.weighted_loss_sum();
-    r.weight_sum += shard.weight_sum();
-    r.tokens += static_cast<int64_t>(shard.tokens());
-    for (size_t i = 0; i < slots; ++i) {
-      r.slot_correct[i] += shard.slot_correct(i);
-      r.slot_total[i] += shard.slot_total(i);
-    }
-  }
-  r.loss = r.weight_sum > 0 ? r.weighted_loss_sum / r.weight_sum : 0.0;
-  return r;
-}
-
-void Coordinator::WriteEvent(const nlohmann::json& event) {
-  steps_file_ << event.dump() << "\n";
-  steps_file_.flush();
-}
-
-void Coordinator::WriteRecord(const StepRecord& r) {
-  nlohmann::json j = {{"step", r.step},
-                      {"membership_epoch", r.membership_epoch},
-                      {"loss", r.loss},
-                      {"tokens", r.tokens},
-                      {"world_size", r.world_size},
-                      {"tau_estimate", r.TauEstimate()},
-                      {"slot_accuracy", r.SlotAccuracy()},
-                      {"weight_sum", r.weight_sum},
-                      {"collective_bytes", r.collective_bytes},
-                      {"learning_rate", r.learning_rate},
-                      {"step_seconds", r.step_seconds},
-                      {"unix_time", UnixSeconds()},
-                      {"timings",
-                       {{"wait", r.wait_seconds},
-                        {"max_wait", r.max_wait_seconds},
-                        {"forward", r.forward_seconds},
-                        {"backward", r.backward_seconds},
-                        {"allreduce", r.allreduce_seconds},
-                        {"optimizer", r.optimizer_seconds}}}};
-  steps_file_ << j.dump() << "\n";
-  steps_file_.flush();
 }
 
 absl::Status Coordinator::Run() {
@@ -1042,7 +781,8 @@ absl::Status Coordinator::Run() {
   absl::Status result;
   // The plan of the next step to send, made one step early so the source can start on it.
   std::optional<StepPlan> next_plan;
-  const int every = job_.checkpoint.every_steps;
+  CheckpointCadence cadence(job_.checkpoint.every_steps, job_.checkpoint.every_seconds,
+                            total_steps_, *clock_);
   int64_t step = start_step_;
   std::string stopped;  // why the job stopped before its last step (a graceful stop)
   while (step < total_steps_) {
@@ -1102,8 +842,7 @@ absl::Status Coordinator::Run() {
     v1::CoordinatorMessage commit;
     commit.mutable_commit()->set_step(step);
     commit.mutable_commit()->set_membership_epoch(sending_epoch_);
-    const bool checkpoint =
-        !stop.empty() || (every > 0 && ((step + 1) % every == 0 || step + 1 == total_steps_));
+    const bool checkpoint = !stop.empty() || cadence.Due(step);
     commit.mutable_commit()->set_checkpoint(checkpoint);
     {
       const grpc::ByteBuffer bytes = MessageToBuffer(commit);
@@ -1115,18 +854,31 @@ absl::Status Coordinator::Run() {
       membership_->Committed();
     }
     reforms_at_step_ = 0;
-    absl::StatusOr<StepRecord> aggregated = Aggregate(step, clock_->Now() - step_start);
+    absl::StatusOr<StepRecord> aggregated;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      aggregated = ledger_->Take(static_cast<uint64_t>(step));
+    }
     if (!aggregated.ok()) {
       result = aggregated.status();
       break;
     }
     StepRecord& r = *aggregated;
     r.membership_epoch = sending_epoch_;
+    r.step_seconds = clock_->Now() - step_start;
+    r.learning_rate = CosineLearningRate(job_.train.learning_rate, warmup_steps_, total_steps_,
+                                         static_cast<int64_t>(step));
     // The record first: a crash while checkpointing must not lose the step from steps.jsonl.
-    WriteRecord(r);
+    step_log_->Write(r);
     metrics_->RecordStep(r);
     if (changed_at > 0) {
-      metrics_->RecordRecovery(clock_->Now() - changed_at);
+      const double recovery = clock_->Now() - changed_at;
+      metrics_->RecordRecovery(recovery);
+      step_log_->WriteEvent({{"event", "recovered"},
+                             {"membership_epoch", sending_epoch_},
+                             {"committed_step", step},
+                             {"recovery_seconds", recovery},
+                             {"unix_time", UnixSeconds()}});
       changed_at = 0;
     }
     {
@@ -1135,13 +887,19 @@ absl::Status Coordinator::Run() {
       last_record_ = r;
     }
     if (checkpoint) {
-      // The run loop waits; the workers do not (they have the next steps queued).
-      absl::Status taken = TakeCheckpoint(static_cast<uint64_t>(step + 1));
-      if (absl::IsAborted(taken)) {
-        LOG(WARNING) << "checkpoint skipped: " << taken.message();
-      } else if (!taken.ok()) {
-        result = taken;
-        break;
+      // Written on its own thread: training goes on while rank 0 uploads and the files are
+      // fsynced (a checkpoint still in progress is waited for before the next one).
+      StartCheckpoint(static_cast<uint64_t>(step + 1));
+      cadence.Taken();
+    }
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!membership_->Leaving().empty()) {
+        // Workers leave at this boundary, once a checkpoint their upload may be part of is in.
+        lock.unlock();
+        FinishCheckpoint();
+        lock.lock();
+        ReleaseLeavingLocked(/*at_step_boundary=*/true);
       }
     }
     const double now = clock_->Now();
@@ -1163,6 +921,11 @@ absl::Status Coordinator::Run() {
                              " (resume with --resume)");
       break;
     }
+  }
+  FinishCheckpoint();  // the last checkpoint is on disk before the workers go
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (result.ok() && !failure_.ok()) result = failure_;  // e.g. that checkpoint failed
   }
   const bool finished = result.ok() && stopped.empty();
   v1::CoordinatorMessage shutdown;

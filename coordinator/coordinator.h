@@ -4,13 +4,13 @@
 #pragma once
 
 #include <condition_variable>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -19,17 +19,21 @@
 #include "common/job_config.h"
 #include "common/safetensors.h"
 #include "coordinator/checkpoint.h"
+#include "coordinator/checkpoint_upload.h"
 #include "coordinator/membership.h"
 #include "coordinator/metrics.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/sources/shard_source.h"
+#include "coordinator/step_ledger.h"
+#include "coordinator/step_log.h"
 #include "flashdraft/v1/coordinator.pb.h"
 #include "model/drafter_config.h"
 
 namespace grpc {
 class ByteBuffer;
 class Server;
+class Service;
 }  // namespace grpc
 
 namespace flashdraft {
@@ -41,27 +45,6 @@ struct FetchEntry {
   std::shared_ptr<const SafetensorsModel> file;
   std::string name;
   std::string wire_name;
-};
-
-// Per-step aggregate written to steps.jsonl.
-struct StepRecord {
-  uint64_t step = 0;
-  uint64_t membership_epoch = 0;
-  double loss = 0;
-  double weighted_loss_sum = 0;
-  double weight_sum = 0;
-  int64_t tokens = 0;
-  int world_size = 0;
-  std::vector<int64_t> slot_correct, slot_total;
-  uint64_t collective_bytes = 0;  // gradient bytes the workers sent each other
-  double wait_seconds = 0, forward_seconds = 0, backward_seconds = 0, allreduce_seconds = 0,
-         optimizer_seconds = 0;  // mean over ranks
-  double max_wait_seconds = 0;
-  double step_seconds = 0;
-  double learning_rate = 0;
-
-  std::vector<double> SlotAccuracy() const;
-  double TauEstimate() const;
 };
 
 class Coordinator {
@@ -112,10 +95,14 @@ class Coordinator {
   absl::Status SessionStarted(TrainSession* session, const std::string& token);
   void SessionEnded(TrainSession* session, const std::string& why);
   void OnAck(const std::string& token, const v1::StepAck& ack);
-  void OnHeartbeat(const std::string& token);
+  void OnHeartbeat(const std::string& token, const v1::Heartbeat& heartbeat);
+  // The worker asks to leave (SIGTERM): it goes at the next step boundary.
+  void OnLeave(const std::string& token, const std::string& reason);
+  // `flashdraft status --drain`: the worker named by rank or id leaves at the next step boundary.
+  void Drain(const v1::DrainRequest& request, v1::DrainReply* reply);
   void OnWorkerError(const std::string& token, const std::string& error);
   void OnCollectiveFailure(const std::string& token, const v1::CollectiveFailure& failure);
-  // Rank 0's checkpoint upload: the announcement, then its tensors' chunks.
+  // The epoch's rank 0's checkpoint upload: the announcement, then its tensors' chunks.
   void OnCheckpointUpload(const std::string& token, const v1::CheckpointUpload& upload);
   void OnCheckpointChunk(const std::string& token, const v1::TensorChunk& chunk);
   RendezvousStore& store() { return store_; }
@@ -141,24 +128,25 @@ class Coordinator {
   // Starts the next membership epoch at step `next_step` (pausing while fewer than min_workers
   // are available, up to join_timeout): new ranks, a Reform to every member.
   absl::Status StartEpoch(int64_t next_step);
-  // Drops workers silent past the heartbeat (or bind) timeout like any loss (mu_ held).
-  void ExpireLocked();
-  // Ends the stream of a worker that is no longer a member (mu_ held).
-  void DropSessionLocked(const std::string& token, const std::string& why);
-  void UpdateWorkerMetricsLocked();
-  // A membership change, as a steps.jsonl record.
-  void WriteEvent(const nlohmann::json& event);
-  // The step's record from every rank's ack; an error when a shard is missing, doubled or acked
-  // by a rank that does not own it.
-  absl::StatusOr<StepRecord> Aggregate(uint64_t step, double seconds);
-  void WriteRecord(const StepRecord& r);
-  // Waits for rank 0's upload of the state after `completed_steps` and writes the checkpoint;
-  // ABORTED when the membership changed before the upload arrived (the checkpoint is skipped).
-  absl::Status TakeCheckpoint(uint64_t completed_steps);
+  // Drops workers silent past the heartbeat (or bind) timeout, or stuck, like any loss.
+  void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the stream of a worker that is no longer a member.
+  void DropSessionLocked(const std::string& token, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lets the workers that asked to leave go (a Shutdown, then their stream ends): all of them at a
+  // step boundary, only those not training otherwise.
+  void ReleaseLeavingLocked(bool at_step_boundary) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateWorkerMetricsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for the epoch's rank 0 to upload the state after `completed_steps` and writes the
+  // checkpoint, on a thread of its own while training goes on; a membership change before the
+  // upload arrived skips it. StartCheckpoint waits for the previous one first.
+  void StartCheckpoint(uint64_t completed_steps);
+  void FinishCheckpoint();
+  absl::Status TakeCheckpoint(uint64_t completed_steps, uint64_t epoch);
   // Resumes from the newest checkpoint (checkpoint.resume): its weights and optimizer state become
   // what FetchTensors serves, steps.jsonl keeps the records before it. False when there is none.
   absl::StatusOr<bool> Resume();
-  void FailUploadLocked(std::string why);  // mu_ held
+  void FailUploadLocked(std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   JobConfig job_;
   DrafterModelConfig drafter_config_;
@@ -179,10 +167,11 @@ class Coordinator {
   int64_t total_steps_ = 0;
   int64_t warmup_steps_ = 0;
   RendezvousStore store_;
-  std::unique_ptr<class CoordinatorServiceImpl> service_;
+  std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  std::ofstream steps_file_;
+  std::unique_ptr<StepLog> step_log_;  // Run's thread only
+  std::thread checkpoint_thread_;      // the checkpoint being taken (Run's thread starts/joins it)
 
   const Clock* clock_ = &RealClock::Get();
   mutable std::mutex mu_;
@@ -190,22 +179,17 @@ class Coordinator {
   std::unique_ptr<Membership> membership_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, TrainSession*> sessions_ ABSL_GUARDED_BY(mu_);  // token -> Train stream
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  // step -> rank -> ack, of the current epoch only.
-  std::map<uint64_t, std::map<int, v1::StepAck>> acks_ ABSL_GUARDED_BY(mu_);
+  // The acks of the steps in flight, of the current epoch only.
+  std::unique_ptr<StepLedger> ledger_ ABSL_GUARDED_BY(mu_);
   // A worker of the current epoch reported a failed collective (0: none): unless a loss explains
   // it within a grace period, the epoch is re-formed with the same members.
   double collective_failed_at_ ABSL_GUARDED_BY(mu_) = 0;
   double last_arrival_ ABSL_GUARDED_BY(mu_) = 0;  // the last Join or stream bound
-  // Rank 0's checkpoint upload in progress.
-  struct Upload {
-    std::string token;  // the uploading worker
-    uint64_t completed_steps = 0;
-    uint32_t remaining = 0;  // tensors still to come
-    bool active = false;
-    std::vector<OwnedTensor> tensors;
-    std::unique_ptr<TensorAssembler> assembler;
-  } upload_ ABSL_GUARDED_BY(mu_);
-  uint64_t uploaded_steps_ ABSL_GUARDED_BY(mu_) = 0;  // completed_steps of the last whole upload
+  // The checkpoint upload of the epoch's rank 0.
+  std::unique_ptr<UploadReceiver> upload_ ABSL_GUARDED_BY(mu_);
+  // Who left or came since the last epoch started, and why (the next membership event's
+  // "changes").
+  std::vector<std::pair<std::string, std::string>> changes_ ABSL_GUARDED_BY(mu_);
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   std::string stop_requested_ ABSL_GUARDED_BY(mu_);  // why; empty: none
   uint64_t committed_ ABSL_GUARDED_BY(mu_) = 0;

@@ -76,14 +76,66 @@ bool Membership::Remove(const std::string& token) {
   return was_active;
 }
 
-std::vector<std::string> Membership::Silent() const {
-  const double now = clock_.Now();
-  std::vector<std::string> gone;
+void Membership::Progress(const std::string& token, uint64_t progress, const std::string& phase,
+                          uint64_t step, bool busy) {
+  auto it = members_.find(token);
+  if (it == members_.end()) return;
+  MemberInfo& m = it->second;
+  m.last_heard = clock_.Now();
+  if (progress != m.progress || m.progress_at == 0) m.progress_at = m.last_heard;
+  m.progress = progress;
+  m.phase = phase;
+  m.step = step;
+  m.busy = busy;
+}
+
+absl::Status Membership::RequestLeave(const std::string& token, const std::string& reason) {
+  auto it = members_.find(token);
+  if (it == members_.end()) return absl::NotFoundError("no such worker in the job");
+  if (it->second.leave_reason.empty())
+    it->second.leave_reason = reason.empty() ? "drained" : reason;
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Membership::Leaving() const {
+  std::vector<MemberInfo> leaving;
+  for (const MemberInfo& m : Members()) {
+    if (!m.leave_reason.empty()) leaving.push_back(m);
+  }
+  std::vector<std::string> out;
+  for (const MemberInfo& m : leaving) out.push_back(m.token);
+  return out;
+}
+
+std::string Membership::TokenOfRank(int rank) const {
+  return rank >= 0 && rank < world_size() ? ranks_[rank] : std::string();
+}
+
+std::string Membership::TokenOfWorker(const std::string& worker_id) const {
   for (const auto& [token, m] : members_) {
-    const bool silent = m.state == MemberState::kJoined
-                            ? now - m.since > options_.bind_timeout_seconds
-                            : now - m.last_heard > options_.heartbeat_timeout_seconds;
-    if (silent) gone.push_back(token);
+    if (m.worker_id == worker_id) return token;
+  }
+  return {};
+}
+
+std::vector<Expiry> Membership::Expired() const {
+  const double now = clock_.Now();
+  std::vector<Expiry> gone;
+  for (const auto& [token, m] : members_) {
+    if (m.state == MemberState::kJoined) {
+      if (now - m.since > options_.bind_timeout_seconds) {
+        gone.push_back({token, absl::StrCat("no Train stream within ",
+                                            options_.bind_timeout_seconds, " s of joining")});
+      }
+    } else if (now - m.last_heard > options_.heartbeat_timeout_seconds) {
+      gone.push_back({token, absl::StrCat("no message for ", options_.heartbeat_timeout_seconds,
+                                          " s (heartbeat timeout)")});
+    } else if (m.state == MemberState::kActive && m.busy && m.progress_at > 0 &&
+               now - m.progress_at > options_.stall_timeout_seconds) {
+      gone.push_back({token, absl::StrFormat("its training thread has been stuck in %s of step "
+                                             "%d for %.0f s (cluster.stall_timeout_seconds)",
+                                             m.phase, m.step, now - m.progress_at)});
+    }
   }
   return gone;
 }

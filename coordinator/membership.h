@@ -26,6 +26,9 @@ struct MembershipOptions {
   double heartbeat_timeout_seconds = 20;
   // A token not bound to a Train stream within this long is given back.
   double bind_timeout_seconds = 60;
+  // An active member whose training thread reports no progress for this long while computing
+  // (heartbeats still arriving) is stuck: lost.
+  double stall_timeout_seconds = 300;
 };
 
 enum class MemberState { kJoined, kReady, kActive };
@@ -40,6 +43,19 @@ struct MemberInfo {
   double last_heard = 0;  // its last message
   bool trained = false;   // was active when a step committed (holds the group's state)
   uint64_t order = 0;     // join order: ready workers take ranks in it
+  // What its training thread reported last (Heartbeat): progress counter, phase, step.
+  uint64_t progress = 0;
+  std::string phase = "idle";
+  uint64_t step = 0;
+  bool busy = false;
+  double progress_at = 0;    // when `progress` last changed
+  std::string leave_reason;  // non-empty: leaves at the next step boundary (drain, SIGTERM)
+};
+
+// A member the coordinator must drop, and why.
+struct Expiry {
+  std::string token;
+  std::string why;
 };
 
 // A new epoch: the members by rank, and whether any of them needs the group's state (a newcomer
@@ -62,12 +78,25 @@ class Membership {
   // Joined, ready or active: may use the store and FetchTensors.
   bool Valid(const std::string& token) const;
   void Heard(const std::string& token);
+  // A heartbeat: the worker is alive, and its training thread is at `progress` in `phase`.
+  void Progress(const std::string& token, uint64_t progress, const std::string& phase,
+                uint64_t step, bool busy);
+  // The worker asked (or was asked) to leave: it goes at the next step boundary (see Leaving()),
+  // at once when it is not active. NOT_FOUND for an unknown token.
+  absl::Status RequestLeave(const std::string& token, const std::string& reason);
+  // Members that asked to leave, in join order.
+  std::vector<std::string> Leaving() const;
+  // The token of the worker with `rank` in the current epoch, or with `worker_id`; empty if none.
+  std::string TokenOfRank(int rank) const;
+  std::string TokenOfWorker(const std::string& worker_id) const;
   // The worker is out (stream ended, error, drained; the caller logs why). True when it was
   // active: the epoch must change.
   bool Remove(const std::string& token);
-  // Ready or active members silent for longer than the heartbeat timeout, and tokens not bound
-  // within the bind timeout: the caller removes them (and closes their streams) like any loss.
-  std::vector<std::string> Silent() const;
+  // Ready or active members silent for longer than the heartbeat timeout, active members whose
+  // training thread made no progress while computing for longer than the stall timeout, and
+  // tokens not bound within the bind timeout: the caller removes them (and closes their streams)
+  // like any loss.
+  std::vector<Expiry> Expired() const;
   // Makes the next step boundary start a new epoch with the same members (a failed collective
   // that no loss explains).
   void RequestReform() { reform_requested_ = true; }

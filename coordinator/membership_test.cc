@@ -7,6 +7,13 @@ namespace flashdraft {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::vector<std::string> Tokens(const std::vector<Expiry>& expired) {
+  std::vector<std::string> out;
+  for (const Expiry& e : expired) out.push_back(e.token);
+  return out;
+}
 
 MembershipOptions Options(int min, int max) {
   MembershipOptions o;
@@ -14,6 +21,7 @@ MembershipOptions Options(int min, int max) {
   o.max_workers = max;
   o.heartbeat_timeout_seconds = 10;
   o.bind_timeout_seconds = 30;
+  o.stall_timeout_seconds = 60;
   return o;
 }
 
@@ -58,7 +66,8 @@ TEST(MembershipTest, TokensAreLeasedNotUsedUp) {
   // b never binds: its token expires and its place is free again.
   clock.Advance(31);
   m.Heard(a);
-  EXPECT_THAT(m.Silent(), ElementsAre(*b));
+  EXPECT_THAT(Tokens(m.Expired()), ElementsAre(*b));
+  EXPECT_THAT(m.Expired()[0].why, HasSubstr("no Train stream within 30 s"));
   EXPECT_FALSE(m.Remove(*b));  // never bound, so never active
   EXPECT_FALSE(m.Valid(*b));
   EXPECT_EQ(m.Bind(*b).code(), absl::StatusCode::kNotFound);
@@ -98,7 +107,8 @@ TEST(MembershipTest, SilentMembersAreLostAfterTheHeartbeatTimeout) {
   clock.Advance(6);
   m.Heard(a);
   clock.Advance(5);  // b silent for 11 s, a for 5 s
-  EXPECT_THAT(m.Silent(), ElementsAre(b));
+  EXPECT_THAT(Tokens(m.Expired()), ElementsAre(b));
+  EXPECT_THAT(m.Expired()[0].why, HasSubstr("heartbeat timeout"));
   EXPECT_FALSE(m.Changed());  // nothing removed yet
   EXPECT_TRUE(m.Remove(b));
   EXPECT_TRUE(m.Changed());
@@ -117,6 +127,61 @@ TEST(MembershipTest, BelowTheMinimumNothingIsAvailableToStart) {
   EXPECT_LT(m.Available(), m.options().min_workers);  // the coordinator pauses
   const std::string c = Ready(m, "c");
   EXPECT_EQ(m.Available(), 2);
+  EXPECT_THAT(m.NextEpoch().tokens, ElementsAre(a, c));
+}
+
+TEST(MembershipTest, AStuckTrainingThreadIsLostDespiteHeartbeats) {
+  FakeClock clock;
+  Membership m(Options(1, 2), clock);
+  const std::string a = Ready(m, "a"), b = Ready(m, "b");
+  m.NextEpoch();
+  // a keeps making progress; b's heartbeats come but its forward of step 7 never ends.
+  m.Progress(b, 40, "forward", 7, /*busy=*/true);
+  for (int i = 0; i < 70; ++i) {
+    clock.Advance(1);
+    m.Progress(a, 100 + i, "forward", 7 + i, true);
+    m.Progress(b, 40, "forward", 7, true);
+    if (i < 59) {
+      EXPECT_TRUE(m.Expired().empty()) << i;
+    }
+  }
+  ASSERT_THAT(Tokens(m.Expired()), ElementsAre(b));
+  EXPECT_THAT(m.Expired()[0].why, HasSubstr("stuck in forward of step 7"));
+  EXPECT_EQ(m.Find(b)->phase, "forward");
+}
+
+TEST(MembershipTest, WaitingIsNotStuck) {
+  FakeClock clock;
+  Membership m(Options(1, 2), clock);
+  const std::string a = Ready(m, "a"), b = Ready(m, "b");
+  m.NextEpoch();
+  // Waiting for data, a commit or a peer in a collective can last: only computing phases count.
+  for (int i = 0; i < 200; ++i) {
+    clock.Advance(1);
+    m.Progress(a, 5, "idle", 3, /*busy=*/false);
+    m.Progress(b, 9, "reduce", 3, /*busy=*/false);
+  }
+  EXPECT_TRUE(m.Expired().empty());
+}
+
+TEST(MembershipTest, LeavingWorkersAreListedUntilRemoved) {
+  FakeClock clock;
+  Membership m(Options(1, 3), clock);
+  const std::string a = Ready(m, "a"), b = Ready(m, "b"), c = Ready(m, "c");
+  m.NextEpoch();
+  EXPECT_EQ(m.TokenOfRank(2), c);
+  EXPECT_EQ(m.TokenOfRank(3), "");
+  EXPECT_EQ(m.TokenOfWorker("b"), b);
+  EXPECT_EQ(m.RequestLeave("nobody", "drained").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(m.RequestLeave(c, "SIGTERM").ok());
+  ASSERT_TRUE(m.RequestLeave(b, "drained").ok());
+  ASSERT_TRUE(m.RequestLeave(b, "again").ok());  // the first reason stands
+  EXPECT_THAT(m.Leaving(), ElementsAre(b, c));   // join order
+  EXPECT_EQ(m.Find(b)->leave_reason, "drained");
+  EXPECT_FALSE(m.Changed());  // nothing changes before the step boundary
+  EXPECT_TRUE(m.Remove(b));
+  EXPECT_TRUE(m.Changed());
+  EXPECT_THAT(m.Leaving(), ElementsAre(c));
   EXPECT_THAT(m.NextEpoch().tokens, ElementsAre(a, c));
 }
 

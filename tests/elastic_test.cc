@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -36,11 +37,13 @@ const std::string kBin = FLASHDRAFT_BIN_DIR;
 constexpr int kSteps = 150;
 
 // `heartbeat_timeout` is short only where a test waits for it (the hung worker): elsewhere a
-// loaded CI machine must not make a healthy worker look lost.
-std::string JobYaml(const std::string& shards, int min_workers, int heartbeat_timeout) {
+// loaded CI machine must not make a healthy worker look lost. `cluster` adds cluster settings.
+std::string JobYaml(const std::string& shards, int min_workers, int heartbeat_timeout,
+                    const std::string& cluster = "", const std::string& output_dir = "unused") {
   return absl::StrCat(R"(
 name: elastic
-output_dir: unused
+output_dir: )",
+                      output_dir, R"(
 drafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, max_anchors: 8}
 data: {source: shards, shards_dir: )",
                       shards, R"(, max_seq_len: 64}
@@ -50,7 +53,8 @@ cluster: {min_workers: )",
                       min_workers, R"(, max_workers: 3, heartbeat_interval_seconds: 0.5,
   heartbeat_timeout_seconds: )",
                       heartbeat_timeout,
-                      R"(, join_timeout_seconds: 60, collective_timeout_seconds: 60}
+                      R"(, join_timeout_seconds: 60, collective_timeout_seconds: 60)", cluster,
+                      R"(}
 checkpoint: {every_steps: 50, keep_last: 2}
 )");
 }
@@ -97,6 +101,10 @@ class ElasticTest : public ::testing::Test {
     }
     ASSERT_TRUE(
         WriteFileAtomically(dir_->Join("job-hung.yaml"), JobYaml(dir_->Join("shards"), 1, 3)).ok());
+    ASSERT_TRUE(
+        WriteFileAtomically(dir_->Join("job-stall.yaml"),
+                            JobYaml(dir_->Join("shards"), 1, 30, ", stall_timeout_seconds: 3"))
+            .ok());
     // The reference: one worker, nothing happens to it.
     r = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir_->Join("job-min1.yaml"),
                                 " --workers 1 --out ", dir_->Join("reference")));
@@ -323,6 +331,163 @@ TEST_F(ElasticTest, SigtermCheckpointsAndResumeFinishesTheSameRun) {
                                          " --workers 3 --resume --out ", out));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   ExpectSameAsReference(out);
+}
+
+// Leaving on purpose is not a failure: `flashdraft status --drain RANK` makes that worker leave at
+// the next step boundary, SIGTERM to a worker does the same; the group re-forms without them
+// (no "lost"), they exit 0 and are not restarted, and the numbers still match.
+TEST_F(ElasticTest, DrainedAndSigtermedWorkersLeaveAtAStepBoundary) {
+  const std::string out = dir_->Join("drained");
+  const int launch = LaunchAndWait("job-min1.yaml", 3, out, 1, /*max_restarts=*/1);
+  const std::string address = absl::StrCat("127.0.0.1:", Port(out));
+  auto bad = RunCommand(absl::StrCat(kBin, "/flashdraft status ", address, " --drain 7"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.output, HasSubstr("no worker has rank 7 in membership epoch 1 (3 worker(s))"));
+  auto drained = RunCommand(absl::StrCat(kBin, "/flashdraft status ", address, " --drain 1"));
+  ASSERT_EQ(drained.exit_code, 0) << drained.output;
+  EXPECT_THAT(drained.output, ::testing::ContainsRegex("worker 'worker-.' \\(rank 1\\) leaves "
+                                                       "after step"));
+  const std::string drained_id = drained.output.substr(drained.output.find("worker-"), 8);
+  for (int i = 0; i < 1000 && WorldSizes(out).size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  int sigtermed = -1;
+  for (const char* id : {"worker-0", "worker-1", "worker-2"}) {
+    if (id != drained_id && sigtermed < 0) sigtermed = Worker(out, id);
+  }
+  ASSERT_GT(sigtermed, 0);
+  ASSERT_EQ(kill(sigtermed, SIGTERM), 0);
+  EXPECT_EQ(processes_.Wait(launch), 0) << *ReadFile(out + ".log");
+  ExpectSameAsReference(out);
+  EXPECT_THAT(WorldSizes(out), ::testing::ElementsAre(3, 2, 1));
+  const std::string log = *ReadFile(out + ".log");
+  EXPECT_THAT(log, HasSubstr("0 of 3 worker(s) failed, 0 restart(s)"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr(") lost:")));
+  const auto events = ReadEvents(out + "/steps.jsonl");
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[1]["changes"][0]["worker"], drained_id);
+  EXPECT_THAT(events[1]["changes"][0]["why"].get<std::string>(),
+              HasSubstr("left: drained (flashdraft status --drain)"));
+  EXPECT_THAT(events[2]["changes"][0]["why"].get<std::string>(),
+              HasSubstr("left: the worker asked to leave (SIGTERM)"));
+}
+
+// A training thread that stops for good (a hung kernel) while its process still sends heartbeats:
+// the heartbeats carry its progress, so the coordinator declares it lost after
+// cluster.stall_timeout_seconds and the rest go on; the stuck worker, its stream gone, exits
+// (code 3) instead of hanging forever, and launch starts it again.
+TEST_F(ElasticTest, AStuckTrainingThreadIsLostAndItsProcessExits) {
+  const std::string out = dir_->Join("stalled");
+  const int launch = LaunchAndWait("job-stall.yaml", 3, out, 1, /*max_restarts=*/1, {},
+                                   {"FLASHDRAFT_FAULT=stall:step=7:rank=1"});
+  EXPECT_EQ(processes_.Wait(launch), 0) << *ReadFile(out + ".log");
+  ExpectSameAsReference(out);
+  const std::string log = *ReadFile(out + ".log");
+  const std::vector<int> sizes = WorldSizes(out);
+  ASSERT_GE(sizes.size(), 2u) << log;
+  EXPECT_EQ(sizes[0], 3);
+  EXPECT_EQ(sizes[1], 2);
+  EXPECT_THAT(log, HasSubstr("its training thread has been stuck in forward of step 7"));
+  EXPECT_THAT(log, HasSubstr("exiting (code 3) so that a supervisor starts this worker again"));
+}
+
+// A network namespace joined to the host by a veth pair (private addresses, only inside this
+// test's namespace and link). The namespaces and links are removed whatever happens.
+class NetworkNamespace {
+ public:
+  NetworkNamespace() {
+    const int id = static_cast<int>(getpid() % 200) + 20;
+    name_ = absl::StrCat("fdtest", getpid());
+    host_link_ = absl::StrCat("fdh", getpid());
+    host_address_ = absl::StrCat("10.213.", id, ".1");
+    inside_address_ = absl::StrCat("10.213.", id, ".2");
+    const std::string inside_link = absl::StrCat("fdn", getpid());
+    for (const std::string& command :
+         {absl::StrCat("ip netns add ", name_),
+          absl::StrCat("ip link add ", host_link_, " type veth peer name ", inside_link),
+          absl::StrCat("ip link set ", inside_link, " netns ", name_),
+          absl::StrCat("ip addr add ", host_address_, "/30 dev ", host_link_),
+          absl::StrCat("ip link set ", host_link_, " up"),
+          absl::StrCat("ip netns exec ", name_, " ip addr add ", inside_address_, "/30 dev ",
+                       inside_link),
+          absl::StrCat("ip netns exec ", name_, " ip link set ", inside_link, " up"),
+          absl::StrCat("ip netns exec ", name_, " ip link set lo up")}) {
+      auto r = RunCommand(command + " 2>&1");
+      if (r.exit_code != 0) {
+        error_ = absl::StrCat("`", command, "` failed: ", r.output);
+        return;
+      }
+    }
+  }
+  ~NetworkNamespace() {
+    RunCommand(absl::StrCat("ip netns del ", name_, " 2>/dev/null"));
+    RunCommand(absl::StrCat("ip link del ", host_link_, " 2>/dev/null"));
+  }
+  // Empty when the namespace is up; why not otherwise.
+  const std::string& error() const { return error_; }
+  const std::string& name() const { return name_; }
+  const std::string& host_address() const { return host_address_; }
+  // Cuts the namespace off the host.
+  bool Cut() const { return RunCommand("ip link set " + host_link_ + " down").exit_code == 0; }
+
+ private:
+  std::string name_, host_link_, host_address_, inside_address_, error_;
+};
+
+// A worker whose network is cut (it runs in its own network namespace, and the test takes the
+// link down): no stream breaks, nothing is said, it just goes silent — lost after the heartbeat
+// timeout; the others re-form without it and finish to the same numbers.
+TEST_F(ElasticTest, AWorkerWhoseNetworkIsCutIsLostAfterTheHeartbeatTimeout) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to create a network namespace (ip netns)";
+  NetworkNamespace ns;
+  if (!ns.error().empty())
+    GTEST_SKIP() << "needs /usr/sbin/ip, netns and veth links: " << ns.error();
+  const std::string out = dir_->Join("network-cut");
+  std::filesystem::create_directories(out);
+  ASSERT_TRUE(WriteFileAtomically(out + "/job.yaml",
+                                  JobYaml(dir_->Join("shards"), 1, 3, ", listen: '0.0.0.0:0'", out))
+                  .ok());
+  const int coordinator =
+      processes_.Start({kBin + "/flashdraft-coordinator", "--job", out + "/job.yaml", "--port-file",
+                        out + "/coordinator.port"},
+                       out + ".log");
+  for (int i = 0; i < 1000 && Port(out) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(Port(out), 0) << *ReadFile(out + ".log");
+  const std::string address = absl::StrCat(ns.host_address(), ":", Port(out));
+  // Rank 0 of the last epoch exports the drafter: a host worker, whatever the join order.
+  processes_.Start({"/usr/sbin/ip", "netns", "exec", ns.name(), kBin + "/flashdraft-worker",
+                    "--coordinator", address, "--id", "cut-off"},
+                   out + ".cut-off.log");
+  for (const char* id : {"host-0", "host-1"}) {
+    processes_.Start({kBin + "/flashdraft-worker", "--coordinator", address, "--id", id},
+                     absl::StrCat(out, ".", id, ".log"));
+  }
+  // All three train (a late joiner makes a second epoch), a few steps, then the cut.
+  for (int i = 0; i < 6000 && (WorldSizes(out).empty() || WorldSizes(out).back() != 3 ||
+                               ReadSteps(out + "/steps.jsonl").size() < 3);
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(WorldSizes(out).back(), 3)
+      << *ReadFile(out + ".log") << "\n--- the worker in the namespace:\n"
+      << ReadFile(out + ".cut-off.log").value_or("(no log)");
+  ASSERT_LT(ReadSteps(out + "/steps.jsonl").size(), static_cast<size_t>(kSteps / 2));
+  ASSERT_TRUE(ns.Cut());
+  EXPECT_EQ(processes_.Wait(coordinator), 0) << *ReadFile(out + ".log");
+  ExpectSameAsReference(out);
+  const std::vector<int> sizes = WorldSizes(out);
+  ASSERT_GE(sizes.size(), 2u);
+  EXPECT_EQ(sizes.back(), 2);
+  EXPECT_EQ(sizes[sizes.size() - 2], 3);
+  EXPECT_THAT(*ReadFile(out + ".log"),
+              ::testing::ContainsRegex("'cut-off' \\(rank . of epoch .\\) lost: no message for "
+                                       "3 s \\(heartbeat timeout\\)"));
+  const auto recovered = ReadEvents(out + "/steps.jsonl", "recovered");
+  ASSERT_FALSE(recovered.empty());
+  std::printf("recovery after the cut: %.2f s after the loss was declared\n",
+              recovered.back()["recovery_seconds"].get<double>());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // flashdraft-worker --coordinator HOST:PORT [--id NAME]
 // (intra-op threads come from the job: train.intra_op_threads, one value for every worker)
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <iostream>
 
 #include "common/logging.h"
@@ -20,7 +21,16 @@ int main(int argc, char** argv) {
   app.add_option("--reconnect-timeout", options.reconnect_timeout_seconds,
                  "seconds to keep joining again after the coordinator went away")
       ->capture_default_str();
+  app.add_option("--fetch-timeout", options.fetch_timeout_seconds,
+                 "seconds the model's tensors may take to arrive")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  // SIGTERM: leave at the next step boundary and exit 0; a second SIGTERM ends it at once.
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { flashdraft::RequestLeave(); };
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
   absl::Status s = flashdraft::RunWorker(options);
   if (!s.ok()) {
     std::cerr << "flashdraft-worker: error: " << s.message() << "\n";

@@ -1,10 +1,6 @@
 #include "worker/worker.h"
 
-#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -21,18 +17,15 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "common/blocking_queue.h"
 #include "common/chunk_wire.h"
-#include "common/crc32c.h"
-#include "common/dtype.h"
-#include "common/grpc_status.h"
+#include "common/grpc_options.h"
 #include "common/job_config.h"
+#include "common/net_util.h"
+#include "common/raw_client_stream.h"
 #include "common/shard_tree.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
@@ -42,13 +35,14 @@
 #include "model/trainer.h"
 #include "model/wire_tensor.h"
 #include "worker/collective/gloo_collective.h"
+#include "worker/fault.h"
 #include "worker/gradient_reducer.h"
 #include "worker/grpc_store.h"
+#include "worker/training_state.h"
 
 namespace flashdraft {
 namespace {
 
-constexpr int kMaxMessageBytes = 64 << 20;
 using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t) {
@@ -70,335 +64,33 @@ struct Item {
 
 using ItemQueue = BlockingQueue<Item>;
 
-// The Train and FetchTensors streams are read as raw ByteBuffers so that tensor chunks go from
-// gRPC's receive buffers straight into tensors (common/chunk_wire.h); the wire format is the
-// protobuf one, under the generated method names.
-std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, grpc::ByteBuffer>> OpenTrainStream(
-    const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext* ctx) {
-  const grpc::internal::RpcMethod method("/flashdraft.v1.Coordinator/Train",
-                                         grpc::internal::RpcMethod::BIDI_STREAMING, channel);
-  return std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, grpc::ByteBuffer>>(
-      grpc::internal::ClientReaderWriterFactory<v1::WorkerMessage, grpc::ByteBuffer>::Create(
-          channel.get(), method, ctx));
-}
+// What the training thread is doing, for the heartbeats (Heartbeat.progress/phase/step/busy): the
+// counter grows at every phase change, so the coordinator sees a thread that stopped moving.
+struct Progress {
+  std::atomic<uint64_t> counter{0};
+  std::atomic<const char*> phase{"idle"};
+  std::atomic<uint64_t> step{0};
+  std::atomic<bool> busy{false};
 
-absl::StatusOr<std::map<std::string, torch::Tensor>> FetchTensors(
-    const std::shared_ptr<grpc::Channel>& channel, const std::string& token) {
-  grpc::ClientContext ctx;
-  v1::FetchTensorsRequest request;
-  request.set_session_token(token);
-  const grpc::internal::RpcMethod method("/flashdraft.v1.Coordinator/FetchTensors",
-                                         grpc::internal::RpcMethod::SERVER_STREAMING, channel);
-  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx,
-                                                                    request));
-  std::map<std::string, torch::Tensor> out;
-  TorchTensorSink sink;
-  TensorAssembler assembler(sink.allocator());
-  grpc::ByteBuffer buffer;
-  ReceivedChunk chunk;
-  while (reader->Read(&buffer)) {
-    if (!ParseChunkBuffer(buffer, 0, &chunk)) {
-      ctx.TryCancel();
-      reader->Finish();
-      return absl::DataLossError("FetchTensors: the coordinator sent a malformed TensorChunk");
-    }
-    FD_RETURN_IF_ERROR(assembler.Add(chunk.header, chunk.data));
-    if (assembler.complete()) {
-      out[assembler.spec().name] = sink.tensor;
-      assembler.Reset();
-    }
+  // `busy`: computing on its own; waits (for the coordinator, for peers) are not busy.
+  void Enter(const char* name, uint64_t at_step, bool is_busy) {
+    phase = name;
+    step = at_step;
+    busy = is_busy;
+    ++counter;
   }
-  FD_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
-  if (assembler.started()) return absl::DataLossError("FetchTensors ended inside a tensor");
-  return out;
-}
-
-// Sets the drafter's frozen tensors and its starting weights from what FetchTensors sent: every
-// parameter must come, with its shape, and nothing else under the weight prefix.
-absl::Status LoadFetchedModel(DrafterImpl& drafter,
-                              const std::map<std::string, torch::Tensor>& fetched) {
-  auto embed = fetched.find("embed_tokens.weight");
-  if (embed == fetched.end())
-    return absl::DataLossError("the coordinator sent no embed_tokens.weight");
-  auto head = fetched.find("lm_head.weight");
-  drafter.SetFrozen(embed->second, head != fetched.end() ? head->second : embed->second);
-  torch::NoGradGuard no_grad;
-  auto params = drafter.named_parameters();
-  for (auto& item : params) {
-    const std::string name = kDrafterWeightPrefix + item.key();
-    auto it = fetched.find(name);
-    if (it == fetched.end()) {
-      return absl::DataLossError(
-          absl::StrCat("the coordinator sent no starting weight '", name, "'"));
-    }
-    if (!it->second.sizes().equals(item.value().sizes())) {
-      return absl::DataLossError(absl::StrCat("the coordinator's starting weight '", name,
-                                              "' has shape ", ShapeString(it->second.sizes().vec()),
-                                              ", the drafter's parameter ",
-                                              ShapeString(item.value().sizes().vec())));
-    }
-    item.value().copy_(it->second);
-  }
-  for (const auto& [name, tensor] : fetched) {
-    if (absl::StartsWith(name, kDrafterWeightPrefix) &&
-        !params.contains(name.substr(std::strlen(kDrafterWeightPrefix)))) {
-      return absl::DataLossError(
-          absl::StrCat("the coordinator sent a starting weight '", name,
-                       "' that the drafter does not have (another drafter shape?)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// The AdamW state of a parameter, as LibTorch's AdamW keys it.
-std::string StateKey(const torch::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
-}
-
-// A resumed job's optimizer state (kOptimizerStatePrefix tensors) into `optimizer`; nothing when
-// the coordinator sent none (a fresh start).
-absl::Status LoadOptimizerState(DrafterImpl& drafter,
-                                const std::map<std::string, torch::Tensor>& fetched,
-                                torch::optim::AdamW& optimizer) {
-  const std::string prefix = kOptimizerStatePrefix;
-  auto step = fetched.find(prefix + "step");
-  if (step == fetched.end()) return absl::OkStatus();
-  if (step->second.numel() != 1 || step->second.scalar_type() != torch::kInt64) {
-    return absl::DataLossError("the coordinator's adamw.step is not one int64");
-  }
-  for (auto& item : drafter.named_parameters()) {
-    auto state = std::make_unique<torch::optim::AdamWParamState>();
-    state->step(step->second.item<int64_t>());
-    for (const char* moment : {".exp_avg", ".exp_avg_sq"}) {
-      const std::string name = prefix + item.key() + moment;
-      auto it = fetched.find(name);
-      if (it == fetched.end()) {
-        return absl::DataLossError(absl::StrCat("the coordinator sent no '", name, "'"));
-      }
-      if (!it->second.sizes().equals(item.value().sizes()) ||
-          it->second.scalar_type() != torch::kFloat32) {
-        return absl::DataLossError(absl::StrCat("the coordinator's '", name, "' is not F32 ",
-                                                ShapeString(item.value().sizes().vec())));
-      }
-      if (std::string(moment) == ".exp_avg") {
-        state->exp_avg(it->second.clone());
-      } else {
-        state->exp_avg_sq(it->second.clone());
-      }
-    }
-    optimizer.state()[StateKey(item.value())] = std::move(state);
-  }
-  return absl::OkStatus();
-}
-
-// Fault injection for the fault tests: FLASHDRAFT_FAULT="<point>:step=<s>:rank=<r>" makes the
-// worker that is rank r kill itself with SIGKILL (as `kill -9` would) at that point of step s:
-// forward (after its first shard's forward), reduce (while its gradient exchange runs), upload
-// (inside the checkpoint upload of the state after s steps, after its first tensor). Unset: nothing
-// happens; a malformed value stops the worker at start rather than being ignored.
-struct FaultPlan {
-  std::string point;
-  uint64_t step = 0;
-  int rank = 0;
-  bool armed = false;
 };
 
-absl::StatusOr<FaultPlan> ParseFault(const char* env) {
-  FaultPlan plan;
-  if (env == nullptr || *env == 0) return plan;
-  const std::vector<std::string> parts = absl::StrSplit(env, ':');
-  const auto bad = [&] {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "FLASHDRAFT_FAULT='", env, "': expected <forward|reduce|upload>:step=<n>:rank=<r>"));
-  };
-  if (parts.size() != 3 || !absl::StartsWith(parts[1], "step=") ||
-      !absl::StartsWith(parts[2], "rank=") ||
-      (parts[0] != "forward" && parts[0] != "reduce" && parts[0] != "upload") ||
-      !absl::SimpleAtoi(parts[1].substr(5), &plan.step) ||
-      !absl::SimpleAtoi(parts[2].substr(5), &plan.rank)) {
-    return bad();
-  }
-  plan.point = parts[0];
-  plan.armed = true;
-  return plan;
-}
+// Set by RequestLeave (SIGTERM): leave the job at the next step boundary.
+std::atomic<bool> g_leave_requested{false};
 
-void MaybeFault(const FaultPlan& plan, const char* point, uint64_t step, int rank, uint64_t epoch) {
-  if (!plan.armed || plan.point != point || plan.step != step || plan.rank != rank || epoch != 1) {
-    return;
+// Sleeps up to `seconds`, waking early when asked to leave.
+void SleepUnlessLeaving(double seconds) {
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(seconds));
+  while (!g_leave_requested && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  LOG(WARNING) << "FLASHDRAFT_FAULT: killing this worker (rank " << rank << ") at " << point
-               << " of step " << step;
-  google::FlushLogFiles(google::GLOG_INFO);
-  raise(SIGKILL);
-}
-
-// Rank 0's state after `completed_steps` steps to the coordinator, for a checkpoint: the
-// parameters, the AdamW moments and step (CheckpointUpload in the protocol).
-template <typename Write>
-absl::Status UploadCheckpoint(DrafterImpl& drafter, torch::optim::AdamW& optimizer,
-                              uint64_t completed_steps, const Write& write,
-                              const std::function<void()>& after_first_tensor) {
-  torch::NoGradGuard no_grad;
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  int64_t step = 0;
-  for (auto& item : drafter.named_parameters()) {
-    const torch::Tensor& p = item.value();
-    tensors.emplace_back(kDrafterWeightPrefix + item.key(), p.detach().contiguous());
-    auto it = optimizer.state().find(StateKey(p));
-    const std::string prefix = kOptimizerStatePrefix + item.key();
-    if (it == optimizer.state().end()) {
-      tensors.emplace_back(prefix + ".exp_avg", torch::zeros_like(p));
-      tensors.emplace_back(prefix + ".exp_avg_sq", torch::zeros_like(p));
-      continue;
-    }
-    auto& state = static_cast<torch::optim::AdamWParamState&>(*it->second);
-    step = state.step();
-    tensors.emplace_back(prefix + ".exp_avg", state.exp_avg().contiguous());
-    tensors.emplace_back(prefix + ".exp_avg_sq", state.exp_avg_sq().contiguous());
-  }
-  tensors.emplace_back(std::string(kOptimizerStatePrefix) + "step",
-                       torch::full({1}, step, torch::kInt64));
-  v1::WorkerMessage announce;
-  announce.mutable_checkpoint()->set_completed_steps(completed_steps);
-  announce.mutable_checkpoint()->set_num_tensors(static_cast<uint32_t>(tensors.size()));
-  if (!write(announce)) return absl::UnavailableError("the coordinator closed the Train stream");
-  v1::TensorChunk chunk;
-  for (const auto& [name, t] : tensors) {
-    FD_ASSIGN_OR_RETURN(const DType dtype, FromTorchDType(t.scalar_type()));
-    FD_RETURN_IF_ERROR(EncodeTensor(
-        {name, dtype, t.sizes().vec()}, t.data_ptr(), t.nbytes(), kDefaultMaxChunkBytes, chunk,
-        [&](v1::TensorChunk& c) {
-          v1::WorkerMessage m;
-          m.mutable_tensor_chunk()->Swap(&c);
-          return write(m) ? absl::OkStatus()
-                          : absl::UnavailableError("the coordinator closed the Train stream");
-        }));
-    if (&name == &tensors.front().first) after_first_tensor();
-  }
-  return absl::OkStatus();
-}
-
-// The local address this host uses to reach `coordinator` ("host:port" or "[v6]:port"): where
-// the Gloo device binds when cluster.collective_interface is empty, so that workers on several
-// hosts reach each other instead of each offering its loopback address. A UDP connect sends no
-// packet; it only asks the kernel for the route.
-absl::StatusOr<std::string> LocalAddressToward(const std::string& coordinator) {
-  const size_t colon = coordinator.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--coordinator '", coordinator, "' is not host:port"));
-  }
-  std::string host = coordinator.substr(0, colon);
-  const std::string port = coordinator.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* found = nullptr;
-  if (const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot resolve the coordinator host '", host, "': ", gai_strerror(rc)));
-  }
-  std::string out;
-  for (addrinfo* a = found; a != nullptr && out.empty(); a = a->ai_next) {
-    const int fd = socket(a->ai_family, SOCK_DGRAM, 0);
-    if (fd < 0) continue;
-    sockaddr_storage local{};
-    socklen_t len = sizeof(local);
-    char text[INET6_ADDRSTRLEN] = {0};
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
-      const void* addr =
-          local.ss_family == AF_INET
-              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
-              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
-      if (inet_ntop(local.ss_family, addr, text, sizeof(text)) != nullptr) out = text;
-    }
-    close(fd);
-  }
-  freeaddrinfo(found);
-  if (out.empty()) {
-    return absl::UnavailableError(absl::StrCat("no route to the coordinator host '", host, "'"));
-  }
-  return out;
-}
-
-// Every parameter's AdamW state, created as AdamW itself creates it on its first step (step 0,
-// zero moments) where it is missing, so that every member has the same tensors to compare and
-// to broadcast.
-void EnsureOptimizerState(DrafterImpl& drafter, torch::optim::AdamW& optimizer) {
-  torch::NoGradGuard no_grad;
-  for (auto& p : drafter.parameters()) {
-    const std::string key = StateKey(p);
-    if (optimizer.state().count(key)) continue;
-    auto state = std::make_unique<torch::optim::AdamWParamState>();
-    state->step(0);
-    state->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-    state->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-    optimizer.state()[key] = std::move(state);
-  }
-}
-
-// The training state a member holds: parameters, AdamW moments and steps, in parameter order.
-std::vector<torch::Tensor> TrainingState(DrafterImpl& drafter, torch::optim::AdamW& optimizer,
-                                         torch::Tensor* steps) {
-  EnsureOptimizerState(drafter, optimizer);
-  std::vector<torch::Tensor> out;
-  std::vector<int64_t> step_values;
-  for (auto& p : drafter.parameters()) {
-    auto& state = static_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(StateKey(p)));
-    out.push_back(p.detach());
-    out.push_back(state.exp_avg());
-    out.push_back(state.exp_avg_sq());
-    step_values.push_back(state.step());
-  }
-  *steps = torch::tensor(step_values, torch::kInt64);
-  return out;
-}
-
-// After a new group formed: with `sync`, rank 0 (a member that trained) sends its parameters and
-// optimizer state to everyone (a worker that joined a running job gets them so); then every
-// member proves it holds the same state as rank 0 — a CRC-32C of every byte, all-gathered.
-absl::Status SyncTrainingState(DrafterImpl& drafter, torch::optim::AdamW& optimizer,
-                               Collective& collective, bool sync, const AbortCheck& abort) {
-  torch::NoGradGuard no_grad;
-  torch::Tensor steps;
-  std::vector<torch::Tensor> state = TrainingState(drafter, optimizer, &steps);
-  if (sync) {
-    std::vector<std::unique_ptr<CollectiveWork>> works;
-    for (torch::Tensor& t : state) works.push_back(collective.StartBroadcast(t, 0));
-    works.push_back(collective.StartBroadcast(steps, 0));
-    for (auto& w : works) FD_RETURN_IF_ERROR(w->Wait(abort));
-    const auto step_values = steps.accessor<int64_t, 1>();
-    int64_t i = 0;
-    for (auto& p : drafter.parameters()) {
-      static_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(StateKey(p)))
-          .step(step_values[i++]);
-    }
-  }
-  uint32_t crc = 0;
-  for (const torch::Tensor& t : state) {
-    const torch::Tensor c = t.contiguous();
-    crc = Crc32cExtend(crc, c.data_ptr(), c.nbytes());
-  }
-  crc = Crc32cExtend(crc, steps.data_ptr(), steps.nbytes());
-  torch::Tensor mine = torch::full({1}, static_cast<int64_t>(crc), torch::kInt64);
-  torch::Tensor all = torch::zeros({collective.world_size()}, torch::kInt64);
-  std::vector<torch::Tensor> outputs;
-  for (int r = 0; r < collective.world_size(); ++r) outputs.push_back(all.narrow(0, r, 1));
-  FD_RETURN_IF_ERROR(collective.StartAllGather(outputs, mine)->Wait(abort));
-  const auto crcs = all.accessor<int64_t, 1>();
-  for (int r = 1; r < collective.world_size(); ++r) {
-    if (crcs[r] != crcs[0]) {
-      return absl::DataLossError(absl::StrCat(
-          "after re-forming the group, rank ", r, "'s training state (CRC-32C ", crcs[r],
-          ") differs from rank 0's (", crcs[0], "): the members would train apart"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 // The shard layout a step's first Microbatch announces must be the job's: K virtual shards
@@ -418,18 +110,12 @@ absl::Status CheckShardLayout(const v1::Microbatch& h, const std::vector<int64_t
   return absl::OkStatus();
 }
 
-}  // namespace
-
-namespace {
-
 // One session with one coordinator process: join, fetch, train until the job ends. UNAVAILABLE
 // when the coordinator could not be reached or went away (RunWorker joins again).
 absl::Status RunSession(const WorkerOptions& o) {
   FD_ASSIGN_OR_RETURN(const FaultPlan fault, ParseFault(std::getenv("FLASHDRAFT_FAULT")));
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
-  auto channel = grpc::CreateCustomChannel(o.coordinator, grpc::InsecureChannelCredentials(), args);
+  auto channel = grpc::CreateCustomChannel(o.coordinator, grpc::InsecureChannelCredentials(),
+                                           ClientChannelArguments());
   std::shared_ptr<v1::Coordinator::Stub> stub = v1::Coordinator::NewStub(channel);
 
   // --- Join: admission and the job; the rank comes with the first epoch's Reform ---
@@ -442,14 +128,21 @@ absl::Status RunSession(const WorkerOptions& o) {
   join.mutable_capability()->set_device("cpu");
   join.mutable_capability()->set_backend("gloo");
   v1::JoinReply reply;
-  {
+  // Short attempts up to connect_timeout_seconds, so that a SIGTERM meanwhile is seen.
+  const auto join_start = Clock::now();
+  while (true) {
+    if (g_leave_requested) {
+      LOG(INFO) << "asked to leave before joining";
+      return absl::OkStatus();
+    }
     grpc::ClientContext ctx;
     ctx.set_wait_for_ready(true);
-    ctx.set_deadline(
-        std::chrono::system_clock::now() +
-        std::chrono::milliseconds(static_cast<int64_t>(o.connect_timeout_seconds * 1000)));
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
     grpc::Status s = stub->Join(&ctx, join, &reply);
-    if (!s.ok()) {
+    if (s.ok()) break;
+    const bool retry = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                       s.error_code() == grpc::StatusCode::UNAVAILABLE;
+    if (!retry || Since(join_start) > o.connect_timeout_seconds) {
       return absl::UnavailableError(
           absl::StrCat("cannot join the coordinator at ", o.coordinator, ": ", s.error_message()));
     }
@@ -470,7 +163,7 @@ absl::Status RunSession(const WorkerOptions& o) {
             << " intra-op thread(s)";
 
   // --- Model: frozen target tensors and the starting weights, both from the coordinator ---
-  FD_ASSIGN_OR_RETURN(auto fetched, FetchTensors(channel, token));
+  FD_ASSIGN_OR_RETURN(auto fetched, FetchTensors(channel, token, o.fetch_timeout_seconds));
   Drafter drafter(config);
   FD_RETURN_IF_ERROR(LoadFetchedModel(*drafter, fetched));
   std::vector<torch::Tensor> params = drafter->parameters();
@@ -506,21 +199,23 @@ absl::Status RunSession(const WorkerOptions& o) {
 
   // --- The Train stream: a reader thread, a heartbeat thread, this training thread ---
   grpc::ClientContext stream_ctx;
-  auto stream = OpenTrainStream(channel, &stream_ctx);
-  std::mutex write_mu;
-  auto write = [&](v1::WorkerMessage m) {
+  RawClientStream stream(channel, "/flashdraft.v1.Coordinator/Train", &stream_ctx);
+  // From the training, heartbeat and upload threads; one message at a time.
+  const std::function<bool(v1::WorkerMessage&)> write = [&](v1::WorkerMessage& m) {
     m.set_worker_id(join.worker_id());
     m.set_session_token(token);
-    std::lock_guard<std::mutex> lock(write_mu);
-    return stream->Write(m);
+    return stream.Write(MessageToBuffer(m));
   };
   {
     v1::WorkerMessage hello;
     hello.mutable_heartbeat()->set_unix_millis(0);
     if (!write(hello)) return absl::UnavailableError("the coordinator closed the Train stream");
   }
-  // The newest membership epoch announced: a collective of an older one is abandoned at once.
+  // The newest membership epoch announced: a collective of an older one is abandoned at once
+  // (the maximum once the session is over: a Shutdown came or the stream broke).
   std::atomic<uint64_t> newest_epoch{0};
+  constexpr uint64_t kSessionOver = ~uint64_t{0};
+  std::atomic<bool> stream_lost{false};  // the stream ended without a Shutdown
   // The reader thread receives, parses and assembles tensors (CRC + one copy straight out of
   // gRPC's buffers, while they are still in this core's cache); the training thread consumes whole
   // microbatches. (A separate decoder thread measured slower: the chunk's bytes had to move to
@@ -528,6 +223,8 @@ absl::Status RunSession(const WorkerOptions& o) {
   ItemQueue queue;
   std::thread reader([&] {
     auto fail = [&](std::string why) {
+      newest_epoch = kSessionOver;
+      stream_lost = true;
       Item item;
       item.kind = Item::kError;
       item.text = std::move(why);
@@ -559,7 +256,7 @@ absl::Status RunSession(const WorkerOptions& o) {
       }
       return true;
     };
-    while (stream->Read(&buffer)) {
+    while (stream.Read(&buffer)) {
       if (ParseChunkBuffer(buffer, kCoordinatorMessageChunkField, &chunk)) {
         if (!add([&](TensorAssembler& a) { return a.Add(chunk.header, chunk.data); })) return;
         continue;
@@ -596,6 +293,7 @@ absl::Status RunSession(const WorkerOptions& o) {
           queue.Push(std::move(item));
           break;
         case v1::CoordinatorMessage::kShutdown:
+          newest_epoch = kSessionOver;
           item.kind = Item::kShutdown;
           item.text = msg.shutdown().reason();
           item.job_finished = msg.shutdown().job_finished();
@@ -610,17 +308,55 @@ absl::Status RunSession(const WorkerOptions& o) {
   std::mutex stop_mu;
   std::condition_variable stop_cv;
   bool stop = false;
+  Progress progress;
+  // Heartbeats with the training thread's progress, the leave request (SIGTERM), and a watchdog:
+  // once the stream is gone, a training thread that makes no progress for
+  // cluster.stall_timeout_seconds is stuck for good (a hung kernel or collective it cannot be
+  // pulled out of), and the only safe way out is to exit, so that a supervisor starts this worker
+  // again and it joins as new.
   std::thread heartbeat([&] {
-    const auto interval = std::chrono::milliseconds(
-        static_cast<int64_t>(job.cluster.heartbeat_interval_seconds * 1000));
+    const double interval = job.cluster.heartbeat_interval_seconds;
+    auto next = Clock::now();
+    bool leave_sent = false, write_failed = false;
+    std::optional<std::pair<uint64_t, Clock::time_point>> stalled;  // progress when the stream died
     std::unique_lock<std::mutex> lock(stop_mu);
-    while (!stop_cv.wait_for(lock, interval, [&] { return stop; })) {
-      v1::WorkerMessage m;
-      m.mutable_heartbeat()->set_unix_millis(
-          std::chrono::duration_cast<std::chrono::milliseconds>(
-              std::chrono::system_clock::now().time_since_epoch())
-              .count());
-      write(m);
+    while (!stop_cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return stop; })) {
+      lock.unlock();
+      if (g_leave_requested && !leave_sent) {
+        LOG(INFO) << "asked to leave: leaving at the next step boundary";
+        v1::WorkerMessage m;
+        m.mutable_leave()->set_reason("SIGTERM");
+        write(m);
+        leave_sent = true;
+      }
+      if (stream_lost) {
+        if (!stalled || stalled->first != progress.counter) {
+          stalled.emplace(progress.counter.load(), Clock::now());
+        } else if (progress.busy && Since(stalled->second) > job.cluster.stall_timeout_seconds) {
+          LOG(ERROR) << "the training thread is stuck in " << progress.phase.load() << " of step "
+                     << progress.step << " and the coordinator is gone; exiting (code 3) so that "
+                     << "a supervisor starts this worker again";
+          google::FlushLogFiles(google::GLOG_INFO);
+          _exit(3);
+        }
+      }
+      if (Clock::now() >= next) {
+        next = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(interval * 1000));
+        v1::WorkerMessage m;
+        v1::Heartbeat* h = m.mutable_heartbeat();
+        h->set_unix_millis(std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count());
+        h->set_progress(progress.counter);
+        h->set_phase(progress.phase.load());
+        h->set_step(progress.step);
+        h->set_busy(progress.busy);
+        if (!write(m) && !write_failed) {
+          LOG(WARNING) << "a heartbeat could not be written: the Train stream is gone";
+          write_failed = true;
+        }
+      }
+      lock.lock();
     }
   });
 
@@ -654,6 +390,7 @@ absl::Status RunSession(const WorkerOptions& o) {
   // Joins the group of a new epoch. OK, ABORTED (a newer epoch came meanwhile), UNAVAILABLE (the
   // group could not form: reported, the coordinator re-forms) or a fatal error.
   auto reform = [&](const v1::Reform& r) -> absl::Status {
+    progress.Enter("reform", r.next_step(), /*is_busy=*/false);
     leave_group();
     epoch = r.membership_epoch();
     rank = static_cast<int>(r.rank());
@@ -703,9 +440,16 @@ absl::Status RunSession(const WorkerOptions& o) {
     LOG(INFO) << "exported the drafter to " << dir;
     return absl::OkStatus();
   };
+  // The checkpoint being sent (rank 0 sends its snapshot while training goes on).
+  std::thread upload;
+  auto finish_upload = [&] {
+    if (upload.joinable()) upload.join();
+  };
   double last_optimizer_seconds = 0;
+  uint64_t last_step = 0;
   bool done = false;
   while (!done && result.ok()) {
+    progress.Enter("idle", last_step, /*is_busy=*/false);
     auto wait_start = Clock::now();
     Item item = next_item();
     double wait = Since(wait_start);
@@ -737,6 +481,7 @@ absl::Status RunSession(const WorkerOptions& o) {
       result = reducer->BeginStep(first.num_shards(), offsets);
       if (!result.ok()) break;
     }
+    last_step = first.step();
     v1::StepAck ack;
     ack.set_step(first.step());
     ack.set_membership_epoch(first.membership_epoch());
@@ -774,10 +519,12 @@ absl::Status RunSession(const WorkerOptions& o) {
       if (!batch.input_ids.defined() || batch.input_ids.size(0) == 0) continue;
       try {
         auto t = Clock::now();
+        progress.Enter("forward", first.step(), true);
         DrafterLossResult r = drafter->Loss(batch, gamma, h.global_weight_sum());
         forward += Since(t);
         if (shard == offsets[rank]) MaybeFault(fault, "forward", first.step(), rank, epoch);
         t = Clock::now();
+        progress.Enter("backward", first.step(), true);
         r.loss.backward();
         backward += Since(t);
         out->set_weighted_loss_sum(r.weighted_ce_sum);
@@ -803,6 +550,7 @@ absl::Status RunSession(const WorkerOptions& o) {
     // Every rank takes part in every reduction. What is timed is the part of the exchange that
     // backward did not hide.
     auto t = Clock::now();
+    progress.Enter("reduce", first.step(), false);           // waits for its peers
     MaybeFault(fault, "reduce", first.step(), rank, epoch);  // its buckets are in flight
     absl::Status reduced = reducer->Finish(superseded);
     if (!reduced.ok()) {
@@ -836,17 +584,28 @@ absl::Status RunSession(const WorkerOptions& o) {
       break;
     }
     // Only the commit makes the step real (DESIGN.md §2): until then gradients stay aside.
+    progress.Enter("idle", first.step(), false);
     while (true) {
       Item next = *queue.Pop();
       if (next.kind == Item::kBatch) {
         batches.push_back(std::move(next));
       } else if (next.kind == Item::kCommit && next.step == first.step() && next.epoch == epoch) {
         t = Clock::now();
+        progress.Enter("optimizer", first.step(), true);
         trainer.ApplyWithLearningRate(first.learning_rate());
         last_optimizer_seconds = Since(t);
         if (next.checkpoint && rank == 0) {
-          result = UploadCheckpoint(*drafter, trainer.optimizer(), first.step() + 1, write, [&] {
-            MaybeFault(fault, "upload", first.step() + 1, rank, epoch);
+          finish_upload();  // one at a time
+          progress.Enter("snapshot", first.step(), true);
+          upload = std::thread([&, snapshot = SnapshotState(*drafter, trainer.optimizer()),
+                                completed = first.step() + 1, at_epoch = epoch, at_rank = rank] {
+            absl::Status sent = SendCheckpoint(snapshot, completed, at_epoch, write, [&] {
+              MaybeFault(fault, "upload", completed, at_rank, at_epoch);
+            });
+            if (!sent.ok()) {
+              LOG(WARNING) << "checkpoint upload after step " << completed << ": "
+                           << sent.message();
+            }
           });
         }
         break;
@@ -880,13 +639,11 @@ absl::Status RunSession(const WorkerOptions& o) {
   }
   stop_cv.notify_all();
   heartbeat.join();
-  {
-    std::lock_guard<std::mutex> lock(write_mu);
-    stream->WritesDone();
-  }
   if (!result.ok()) stream_ctx.TryCancel();
+  finish_upload();
+  stream.WritesDone();
   reader.join();
-  stream->Finish();
+  stream.Finish();
   // A group that may be stuck with a vanished peer is left to its own threads.
   reducer.reset();
   (void)collective.release();
@@ -894,6 +651,8 @@ absl::Status RunSession(const WorkerOptions& o) {
 }
 
 }  // namespace
+
+void RequestLeave() { g_leave_requested = true; }
 
 absl::Status RunWorker(const WorkerOptions& o) {
   // A coordinator that goes away (crashed, restarted with --resume, or this worker was dropped
@@ -904,6 +663,10 @@ absl::Status RunWorker(const WorkerOptions& o) {
   while (true) {
     const auto started = std::chrono::steady_clock::now();
     absl::Status s = RunSession(o);
+    if (g_leave_requested && (s.ok() || absl::IsUnavailable(s))) {
+      LOG(INFO) << "left the job (SIGTERM)";
+      return absl::OkStatus();
+    }
     if (!absl::IsUnavailable(s)) return s;
     const auto now = std::chrono::steady_clock::now();
     if (now - started > std::chrono::seconds(5)) {  // it trained: a fresh loss
@@ -914,7 +677,7 @@ absl::Status RunWorker(const WorkerOptions& o) {
     if (waited + backoff > o.reconnect_timeout_seconds) return s;
     LOG(WARNING) << s.message() << "; joining again in " << backoff << " s (for up to "
                  << o.reconnect_timeout_seconds - waited << " s more)";
-    std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+    SleepUnlessLeaving(backoff);
     backoff = std::min(backoff * 2, 8.0);
   }
 }

@@ -16,8 +16,15 @@ struct WorkerOptions {
   double connect_timeout_seconds = 60;
   // After losing the coordinator (or being dropped from the job), join again for this long.
   double reconnect_timeout_seconds = 120;
+  // FetchTensors (the target's tensors, the weights) must end within this long.
+  double fetch_timeout_seconds = 600;
 };
 
+// Trains until the job ends (OK), this worker is told to leave or asked to (OK), or a fatal error.
 absl::Status RunWorker(const WorkerOptions& options);
+
+// Leave the job at the next step boundary (the coordinator re-forms the group without this
+// worker; not a failure), or stop trying to join. Async-signal-safe: the worker's SIGTERM.
+void RequestLeave();
 
 }  // namespace flashdraft

@@ -181,8 +181,12 @@ std::vector<nlohmann::json> ReadSteps(const std::string& path) {
   return ReadRecordsWith(path, "step");
 }
 
-std::vector<nlohmann::json> ReadEvents(const std::string& path) {
-  return ReadRecordsWith(path, "event");
+std::vector<nlohmann::json> ReadEvents(const std::string& path, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  for (nlohmann::json& e : ReadRecordsWith(path, "event")) {
+    if (e["event"] == kind) out.push_back(std::move(e));
+  }
+  return out;
 }
 
 std::string FirstDifferentStep(const std::vector<nlohmann::json>& a,

@@ -64,8 +64,9 @@ absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path);
 
 // The step records of a steps.jsonl (objects with a "step"; none for a missing file).
 std::vector<nlohmann::json> ReadSteps(const std::string& path);
-// Its event records (objects with an "event": membership changes).
-std::vector<nlohmann::json> ReadEvents(const std::string& path);
+// Its event records of one kind ("event": "membership" changes, "recovered" after one).
+std::vector<nlohmann::json> ReadEvents(const std::string& path,
+                                       const std::string& kind = "membership");
 
 // Bitwise comparison of two runs' step records: "" when they have the same steps and every step's
 // loss, slot accuracies, τ estimate, weight sum and tokens are the same numbers as written (the

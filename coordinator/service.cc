@@ -1,0 +1,246 @@
+#include "coordinator/service.h"
+
+#include "common/chunk_wire.h"
+#include "common/grpc_status.h"
+#include "common/tensor_codec.h"
+#include "coordinator/coordinator.h"
+#include "flashdraft/v1/coordinator.grpc.pb.h"
+
+namespace flashdraft {
+namespace {
+
+// FetchTensors: tensors of mapped safetensors files (the frozen target tensors, the drafter's
+// starting weights) as chunks, one write in flight, each chunk encoded right before its write as a
+// slice of the mapped file (no copy).
+class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit FetchReactor(std::vector<FetchEntry> entries) : entries_(std::move(entries)) { Next(); }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
+      return;
+    }
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
+    while (true) {
+      // An empty tensor still sends its one (empty) chunk: num_chunks is at least 1.
+      if (tensor_ >= 0 && next_index_ < header_.num_chunks()) {
+        const uint64_t offset = uint64_t{next_index_} * kDefaultMaxChunkBytes;
+        header_.set_offset(offset);
+        header_.set_chunk_index(next_index_++);
+        buffer_ =
+            EncodeChunkBuffer(header_, view_.data + offset,
+                              std::min<uint64_t>(kDefaultMaxChunkBytes, view_.nbytes - offset),
+                              entries_[tensor_].file, /*wrapper_field=*/0);
+        StartWrite(&buffer_);
+        return;
+      }
+      ++tensor_;
+      if (tensor_ >= static_cast<int>(entries_.size())) {
+        Finish(grpc::Status::OK);
+        return;
+      }
+      const FetchEntry& entry = entries_[tensor_];
+      absl::StatusOr<TensorView> view = entry.file->Get(entry.name);
+      if (!view.ok()) {
+        Finish(ToGrpcStatus(view.status()));
+        return;
+      }
+      view_ = *view;
+      header_.Clear();
+      absl::StatusOr<uint32_t> chunks =
+          StartChunkHeader({entry.wire_name, view_.dtype, view_.shape}, view_.nbytes,
+                           kDefaultMaxChunkBytes, header_);
+      if (!chunks.ok()) {
+        Finish(ToGrpcStatus(chunks.status()));
+        return;
+      }
+      next_index_ = 0;
+    }
+  }
+
+  std::vector<FetchEntry> entries_;
+  int tensor_ = -1;
+  TensorView view_;
+  v1::TensorChunk header_;
+  uint32_t next_index_ = 0;
+  grpc::ByteBuffer buffer_;
+};
+
+// Train and FetchTensors are raw methods (ByteBuffers) so that tensor bytes are never copied into
+// or out of protobuf messages; the bytes on the wire are the same protobuf encoding.
+class CoordinatorServiceImpl
+    : public v1::Coordinator::WithCallbackMethod_Join<v1::Coordinator::WithRawCallbackMethod_Train<
+          v1::Coordinator::WithRawCallbackMethod_FetchTensors<
+              v1::Coordinator::WithCallbackMethod_Status<v1::Coordinator::WithCallbackMethod_Store<
+                  v1::Coordinator::WithCallbackMethod_Drain<v1::Coordinator::Service>>>>>> {
+ public:
+  explicit CoordinatorServiceImpl(Coordinator* c) : c_(c) {}
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* request,
+                                 v1::JoinReply* reply) override {
+    c_->Join(*request, reply);
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Train(
+      grpc::CallbackServerContext*) override {
+    return new TrainSession(c_);
+  }
+
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchTensors(
+      grpc::CallbackServerContext*, const grpc::ByteBuffer* request_bytes) override {
+    struct Refuse : grpc::ServerWriteReactor<grpc::ByteBuffer> {
+      explicit Refuse(grpc::Status status) { Finish(std::move(status)); }
+      void OnDone() override { delete this; }
+    };
+    v1::FetchTensorsRequest request;
+    if (!BufferToMessage(*request_bytes, &request)) {
+      return new Refuse(
+          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed FetchTensorsRequest"));
+    }
+    if (!c_->ValidToken(request.session_token())) {
+      return new Refuse(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown session token"));
+    }
+    absl::StatusOr<std::vector<FetchEntry>> entries =
+        c_->ResolveFetch({request.names().begin(), request.names().end()});
+    if (!entries.ok()) return new Refuse(ToGrpcStatus(entries.status()));
+    return new FetchReactor(*std::move(entries));
+  }
+
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest*,
+                                   v1::StatusReply* reply) override {
+    c_->FillStatus(reply);
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Store(grpc::CallbackServerContext* ctx, const v1::StoreRequest* req,
+                                  v1::StoreReply* reply) override {
+    auto* reactor = ctx->DefaultReactor();
+    if (!c_->ValidToken(req->session_token())) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown session token"));
+      return reactor;
+    }
+    RendezvousStore& store = c_->store();
+    switch (req->op_case()) {
+      case v1::StoreRequest::kSet:
+        store.Set(req->set().key(), req->set().value());
+        break;
+      case v1::StoreRequest::kGet: {
+        std::string value;
+        reply->set_ready(store.Get(req->get().key(), &value));
+        reply->set_value(std::move(value));
+        break;
+      }
+      case v1::StoreRequest::kAdd:
+        reply->set_counter(store.Add(req->add().key(), req->add().delta()));
+        break;
+      case v1::StoreRequest::kCheck:
+        reply->set_ready(store.Check({req->check().keys().begin(), req->check().keys().end()}));
+        break;
+      case v1::StoreRequest::kDeleteKey:
+        reply->set_deleted(store.Delete(req->delete_key().key()));
+        break;
+      case v1::StoreRequest::kNumKeys:
+        reply->set_counter(store.NumKeys());
+        break;
+      default:
+        reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty store request"));
+        return reactor;
+    }
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* ctx, const v1::DrainRequest* request,
+                                  v1::DrainReply* reply) override {
+    c_->Drain(*request, reply);
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+ private:
+  Coordinator* c_;
+};
+
+}  // namespace
+
+TrainSession::TrainSession(Coordinator* coordinator) : coordinator_(coordinator) {
+  StartRead(&in_bytes_);
+}
+
+void TrainSession::OnReadDone(bool ok) {
+  if (!ok) {
+    coordinator_->SessionEnded(this, "the worker closed its stream");
+    FinishAfterWrites(grpc::Status::OK);
+    return;
+  }
+  if (!BufferToMessage(in_bytes_, &in_)) {
+    if (!token_.empty()) coordinator_->OnWorkerError(token_, "sent a malformed WorkerMessage");
+    FinishAfterWrites(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed WorkerMessage"));
+    return;
+  }
+  if (token_.empty()) {
+    // The first message identifies the worker and binds its token to this stream.
+    absl::Status bound = coordinator_->SessionStarted(this, in_.session_token());
+    if (!bound.ok()) {
+      FinishAfterWrites(ToGrpcStatus(bound));
+      return;
+    }
+    token_ = in_.session_token();
+  } else if (in_.session_token() != token_) {
+    coordinator_->OnWorkerError(token_, "changed its session token on its stream");
+    FinishAfterWrites(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "token changed"));
+    return;
+  }
+  Dispatch();
+  StartRead(&in_bytes_);
+}
+
+void TrainSession::Dispatch() {
+  switch (in_.kind_case()) {
+    case v1::WorkerMessage::kAck:
+      coordinator_->OnAck(token_, in_.ack());
+      break;
+    case v1::WorkerMessage::kHeartbeat:
+      coordinator_->OnHeartbeat(token_, in_.heartbeat());
+      break;
+    case v1::WorkerMessage::kError:
+      coordinator_->OnWorkerError(token_, in_.error());
+      break;
+    case v1::WorkerMessage::kCheckpoint:
+      coordinator_->OnCheckpointUpload(token_, in_.checkpoint());
+      break;
+    case v1::WorkerMessage::kTensorChunk:
+      coordinator_->OnCheckpointChunk(token_, in_.tensor_chunk());
+      break;
+    case v1::WorkerMessage::kCollectiveFailure:
+      coordinator_->OnCollectiveFailure(token_, in_.collective_failure());
+      break;
+    case v1::WorkerMessage::kLeave:
+      coordinator_->OnLeave(token_, in_.leave().reason());
+      break;
+    default:
+      break;
+  }
+}
+
+void TrainSession::OnDone() {
+  coordinator_->SessionEnded(this, "the stream ended");
+  delete this;
+}
+
+std::unique_ptr<grpc::Service> NewCoordinatorService(Coordinator* coordinator) {
+  return std::make_unique<CoordinatorServiceImpl>(coordinator);
+}
+
+}  // namespace flashdraft

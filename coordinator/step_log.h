@@ -1,0 +1,60 @@
+// steps.jsonl (DESIGN.md §7): one JSON record per committed step, in step order, and one per
+// membership change ({"event": "membership", ...}). Flushed after every line, so that a crash
+// loses nothing that was committed; the coordinator writes a step's record before it checkpoints.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace flashdraft {
+
+// Per-step aggregate written to steps.jsonl.
+struct StepRecord {
+  uint64_t step = 0;
+  uint64_t membership_epoch = 0;
+  double loss = 0;
+  double weighted_loss_sum = 0;
+  double weight_sum = 0;
+  int64_t tokens = 0;
+  int world_size = 0;
+  std::vector<int64_t> slot_correct, slot_total;
+  uint64_t collective_bytes = 0;  // gradient bytes the workers sent each other
+  double wait_seconds = 0, forward_seconds = 0, backward_seconds = 0, allreduce_seconds = 0,
+         optimizer_seconds = 0;  // mean over ranks
+  double max_wait_seconds = 0;
+  double step_seconds = 0;
+  double learning_rate = 0;
+
+  std::vector<double> SlotAccuracy() const;
+  double TauEstimate() const;
+};
+
+// Seconds since the Unix epoch (the records' unix_time).
+double UnixSeconds();
+
+class StepLog {
+ public:
+  // A fresh log at `path` (truncated), or with `resume_step` > 0 the existing one, keeping the
+  // records of steps before `resume_step` (the steps a checkpoint holds; later ones are trained
+  // again) and dropping everything else.
+  static absl::StatusOr<StepLog> Open(const std::string& path, int64_t resume_step = 0);
+
+  void Write(const StepRecord& record);
+  // A membership change or another event (it carries its own "event" key).
+  void WriteEvent(const nlohmann::json& event);
+  const std::string& path() const { return path_; }
+
+ private:
+  StepLog(std::string path, std::ofstream file) : path_(std::move(path)), file_(std::move(file)) {}
+  void WriteLine(const std::string& line);
+
+  std::string path_;
+  std::ofstream file_;
+};
+
+}  // namespace flashdraft
