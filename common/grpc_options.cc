@@ -1,25 +1,32 @@
 #include "common/grpc_options.h"
 
+#include <utility>
+
 namespace flashdraft {
+namespace {
+
+// Both ends ping and accept pings the same way.
+constexpr std::pair<const char*, int> kKeepalive[] = {
+    {GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveSeconds * 1000},
+    {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutSeconds * 1000},
+    {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1},
+    {GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0},
+};
+
+}  // namespace
 
 grpc::ChannelArguments ClientChannelArguments() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveSeconds * 1000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutSeconds * 1000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  for (const auto& [key, value] : kKeepalive) args.SetInt(key, value);
   return args;
 }
 
 void ConfigureServer(grpc::ServerBuilder& builder) {
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveSeconds * 1000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutSeconds * 1000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  for (const auto& [key, value] : kKeepalive) builder.AddChannelArgument(key, value);
   // Clients ping this often; without this the server answers them with GOAWAY (too_many_pings).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              kKeepaliveSeconds * 1000 / 2);

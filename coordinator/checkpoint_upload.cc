@@ -4,15 +4,22 @@
 
 namespace flashdraft {
 
-absl::Status UploadReceiver::Begin(const std::string& token, const v1::CheckpointUpload& announce) {
-  if (active_) {
-    return absl::FailedPreconditionError("a new upload began before the last one ended");
-  }
-  if (announce.num_tensors() == 0) return absl::InvalidArgumentError("an upload of no tensors");
+void UploadReceiver::Expect(const std::string& token, uint64_t completed_steps) {
   Reset();
   token_ = token;
+  completed_steps_ = completed_steps;
+}
+
+absl::Status UploadReceiver::Begin(const std::string& token, const v1::CheckpointUpload& announce) {
+  if (token_.empty() || token != token_ || announce.completed_steps() != completed_steps_ ||
+      done_) {
+    return absl::FailedPreconditionError(absl::StrCat("an upload of the state after ",
+                                                      announce.completed_steps(),
+                                                      " steps that no commit asked it for"));
+  }
+  if (active_) return absl::InvalidArgumentError("a new upload began before the last one ended");
+  if (announce.num_tensors() == 0) return absl::InvalidArgumentError("an upload of no tensors");
   active_ = true;
-  completed_steps_ = announce.completed_steps();
   remaining_ = announce.num_tensors();
   assembler_ = std::make_unique<TensorAssembler>(
       [this](const TensorSpec& spec, uint64_t nbytes) -> absl::StatusOr<void*> {

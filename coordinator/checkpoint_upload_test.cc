@@ -35,6 +35,7 @@ std::vector<v1::TensorChunk> Chunks(const std::string& name, const std::vector<u
 TEST(UploadReceiverTest, AssemblesAWholeUpload) {
   UploadReceiver receiver(1 << 20);
   const std::vector<uint8_t> a = RandomBytes(200, 1), b = RandomBytes(8, 2);
+  receiver.Expect("tok", 50);
   ASSERT_TRUE(receiver.Begin("tok", Announce(50, 2)).ok());
   EXPECT_TRUE(receiver.active());
   for (const v1::TensorChunk& c : Chunks("drafter.a", a)) ASSERT_TRUE(receiver.Add("tok", c).ok());
@@ -54,9 +55,15 @@ TEST(UploadReceiverTest, RefusesWhatDoesNotBelong) {
   UploadReceiver receiver(1 << 20);
   const std::vector<v1::TensorChunk> chunks = Chunks("drafter.a", RandomBytes(100, 3));
   EXPECT_EQ(receiver.Add("tok", chunks[0]).code(), absl::StatusCode::kFailedPrecondition);
+  // Nothing asked for: stale.
+  EXPECT_EQ(receiver.Begin("tok", Announce(1, 1)).code(), absl::StatusCode::kFailedPrecondition);
+  receiver.Expect("tok", 1);
+  // Another worker, or another step: stale too.
+  EXPECT_EQ(receiver.Begin("other", Announce(1, 1)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(receiver.Begin("tok", Announce(2, 1)).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(receiver.Begin("tok", Announce(1, 0)).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(receiver.Begin("tok", Announce(1, 1)).ok());
-  EXPECT_EQ(receiver.Begin("tok", Announce(2, 1)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(receiver.Begin("tok", Announce(1, 1)).code(), absl::StatusCode::kInvalidArgument);
   // Another worker's chunk is not part of this upload.
   EXPECT_EQ(receiver.Add("other", chunks[0]).code(), absl::StatusCode::kFailedPrecondition);
   v1::TensorChunk bad = chunks[0];
@@ -68,6 +75,7 @@ TEST(UploadReceiverTest, RefusesWhatDoesNotBelong) {
 
 TEST(UploadReceiverTest, BoundsTheBytesBeforeAllocating) {
   UploadReceiver receiver(150);
+  receiver.Expect("tok", 1);
   ASSERT_TRUE(receiver.Begin("tok", Announce(1, 2)).ok());
   for (const v1::TensorChunk& c : Chunks("drafter.a", RandomBytes(100, 4))) {
     ASSERT_TRUE(receiver.Add("tok", c).ok());
@@ -77,7 +85,7 @@ TEST(UploadReceiverTest, BoundsTheBytesBeforeAllocating) {
   EXPECT_THAT(std::string(receiver.Add("tok", huge).message()),
               HasSubstr("makes the upload larger than 150 bytes"));
   huge.set_total_bytes(uint64_t{1} << 60);
-  receiver.Reset();
+  receiver.Expect("tok", 1);
   ASSERT_TRUE(receiver.Begin("tok", Announce(1, 1)).ok());
   EXPECT_FALSE(receiver.Add("tok", huge).ok());
 }

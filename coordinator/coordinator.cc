@@ -459,39 +459,26 @@ void Coordinator::FailUploadLocked(std::string why) {
 void Coordinator::OnCheckpointUpload(const std::string& token, const v1::CheckpointUpload& upload) {
   std::lock_guard<std::mutex> lock(mu_);
   membership_->Heard(token);
-  const int rank = membership_->RankOf(token);
-  // The uploader snapshots and sends on a side thread: an announcement made just before a
-  // re-form may arrive after it; it is of no use then, and no error.
-  if (upload.membership_epoch() != epoch_ || rank != 0) {
-    LOG(WARNING) << "ignored a checkpoint upload of epoch " << upload.membership_epoch()
-                 << " from rank " << rank << " (epoch " << epoch_ << " is current)";
-    return;
-  }
-  if (absl::Status s = upload_->Begin(token, upload); !s.ok()) {
-    return FailUploadLocked(std::string(s.message()));
+  absl::Status s = upload_->Begin(token, upload);
+  if (absl::IsFailedPrecondition(s)) {
+    LOG(WARNING) << "ignored a checkpoint upload: " << s.message();
+  } else if (!s.ok()) {
+    FailUploadLocked(std::string(s.message()));
   }
 }
 
 void Coordinator::OnCheckpointChunk(const std::string& token, const v1::TensorChunk& chunk) {
   std::lock_guard<std::mutex> lock(mu_);
   membership_->Heard(token);
-  // Chunks of an upload that a re-form cancelled still arrive: dropped.
-  if (!upload_->active() || upload_->token() != token) return;
-  if (absl::Status s = upload_->Add(token, chunk); !s.ok()) {
-    return FailUploadLocked(std::string(s.message()));
-  }
+  absl::Status s = upload_->Add(token, chunk);
+  if (absl::IsFailedPrecondition(s)) return;  // of an upload that was given up: dropped
+  if (!s.ok()) return FailUploadLocked(std::string(s.message()));
   if (!upload_->active()) cv_.notify_all();
 }
 
-void Coordinator::StartCheckpoint(uint64_t completed_steps) {
-  FinishCheckpoint();
-  uint64_t epoch;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    epoch = epoch_;
-  }
-  checkpoint_thread_ = std::thread([this, completed_steps, epoch] {
-    absl::Status taken = TakeCheckpoint(completed_steps, epoch);
+void Coordinator::StartCheckpoint(uint64_t completed_steps, const std::string& uploader) {
+  checkpoint_thread_ = std::thread([this, completed_steps, uploader] {
+    absl::Status taken = TakeCheckpoint(completed_steps, uploader);
     if (absl::IsAborted(taken)) {
       LOG(WARNING) << "checkpoint skipped: " << taken.message();
     } else if (!taken.ok()) {
@@ -504,17 +491,19 @@ void Coordinator::FinishCheckpoint() {
   if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
 }
 
-absl::Status Coordinator::TakeCheckpoint(uint64_t completed_steps, uint64_t epoch) {
+absl::Status Coordinator::TakeCheckpoint(uint64_t completed_steps, const std::string& uploader) {
   const double start = clock_->Now();
   std::vector<OwnedTensor> tensors;
   {
     std::unique_lock<std::mutex> lock(mu_);
     const double deadline = start + job_.cluster.collective_timeout_seconds;
     while (failure_.ok() && !upload_->Complete(completed_steps)) {
-      // Run's thread expires silent workers; a lost uploader ends the epoch.
-      if (epoch_ != epoch || membership_->Changed()) {
+      // Run's thread expires silent workers. Other membership changes do not matter: the
+      // uploader's state after a committed step is the group's.
+      if (membership_->Find(uploader) == nullptr) {
+        upload_->Reset();
         return absl::AbortedError(
-            absl::StrCat("the membership changed before the checkpoint of "
+            absl::StrCat("the uploading worker left before the checkpoint of "
                          "step ",
                          completed_steps, " arrived"));
       }
@@ -732,7 +721,6 @@ absl::Status Coordinator::StartEpoch(int64_t next_step) {
   ledger_->Reset(plan.epoch, world_size_,
                  ShardOffsets(scheduler_->num_shards(world_size_), world_size_));
   collective_failed_at_ = 0;
-  upload_->Reset();
   state_ = "training";
   std::vector<std::string> ids;
   for (size_t r = 0; r < plan.tokens.size(); ++r) {
@@ -844,9 +832,16 @@ absl::Status Coordinator::Run() {
     commit.mutable_commit()->set_membership_epoch(sending_epoch_);
     const bool checkpoint = !stop.empty() || cadence.Due(step);
     commit.mutable_commit()->set_checkpoint(checkpoint);
+    // One checkpoint at a time: the previous one is in before this commit asks for the next.
+    if (checkpoint) FinishCheckpoint();
+    std::string uploader;  // the epoch's rank 0 uploads the state after this step
     {
       const grpc::ByteBuffer bytes = MessageToBuffer(commit);
       std::lock_guard<std::mutex> lock(mu_);
+      if (checkpoint) {
+        uploader = membership_->ranks()[0];
+        upload_->Expect(uploader, static_cast<uint64_t>(step + 1));
+      }
       for (const std::string& token : membership_->ranks()) {
         auto it = sessions_.find(token);
         if (it != sessions_.end()) it->second->Send(bytes);
@@ -889,7 +884,7 @@ absl::Status Coordinator::Run() {
     if (checkpoint) {
       // Written on its own thread: training goes on while rank 0 uploads and the files are
       // fsynced (a checkpoint still in progress is waited for before the next one).
-      StartCheckpoint(static_cast<uint64_t>(step + 1));
+      StartCheckpoint(static_cast<uint64_t>(step + 1), uploader);
       cadence.Taken();
     }
     {

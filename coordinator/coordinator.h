@@ -137,12 +137,12 @@ class Coordinator {
   // step boundary, only those not training otherwise.
   void ReleaseLeavingLocked(bool at_step_boundary) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateWorkerMetricsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Waits for the epoch's rank 0 to upload the state after `completed_steps` and writes the
-  // checkpoint, on a thread of its own while training goes on; a membership change before the
-  // upload arrived skips it. StartCheckpoint waits for the previous one first.
-  void StartCheckpoint(uint64_t completed_steps);
+  // Waits for `uploader` (the epoch's rank 0 when the commit asked) to upload the state after
+  // `completed_steps` and writes the checkpoint, on a thread of its own while training goes on;
+  // the checkpoint is skipped when the uploader leaves first. FinishCheckpoint waits for it.
+  void StartCheckpoint(uint64_t completed_steps, const std::string& uploader);
   void FinishCheckpoint();
-  absl::Status TakeCheckpoint(uint64_t completed_steps, uint64_t epoch);
+  absl::Status TakeCheckpoint(uint64_t completed_steps, const std::string& uploader);
   // Resumes from the newest checkpoint (checkpoint.resume): its weights and optimizer state become
   // what FetchTensors serves, steps.jsonl keeps the records before it. False when there is none.
   absl::StatusOr<bool> Resume();
@@ -185,7 +185,7 @@ class Coordinator {
   // it within a grace period, the epoch is re-formed with the same members.
   double collective_failed_at_ ABSL_GUARDED_BY(mu_) = 0;
   double last_arrival_ ABSL_GUARDED_BY(mu_) = 0;  // the last Join or stream bound
-  // The checkpoint upload of the epoch's rank 0.
+  // The checkpoint upload the last checkpoint commit asked for.
   std::unique_ptr<UploadReceiver> upload_ ABSL_GUARDED_BY(mu_);
   // Who left or came since the last epoch started, and why (the next membership event's
   // "changes").

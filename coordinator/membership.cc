@@ -98,12 +98,10 @@ absl::Status Membership::RequestLeave(const std::string& token, const std::strin
 }
 
 std::vector<std::string> Membership::Leaving() const {
-  std::vector<MemberInfo> leaving;
-  for (const MemberInfo& m : Members()) {
-    if (!m.leave_reason.empty()) leaving.push_back(m);
-  }
   std::vector<std::string> out;
-  for (const MemberInfo& m : leaving) out.push_back(m.token);
+  for (const MemberInfo& m : Members()) {
+    if (!m.leave_reason.empty()) out.push_back(m.token);
+  }
   return out;
 }
 

@@ -235,14 +235,13 @@ NamedTensors SnapshotState(DrafterImpl& drafter, torch::optim::AdamW& optimizer)
   return tensors;
 }
 
-absl::Status SendCheckpoint(const NamedTensors& tensors, uint64_t completed_steps, uint64_t epoch,
+absl::Status SendCheckpoint(const NamedTensors& tensors, uint64_t completed_steps,
                             const std::function<bool(v1::WorkerMessage&)>& write,
                             const std::function<void()>& after_first_tensor) {
   const absl::Status closed = absl::UnavailableError("the coordinator closed the Train stream");
   v1::WorkerMessage announce;
   announce.mutable_checkpoint()->set_completed_steps(completed_steps);
   announce.mutable_checkpoint()->set_num_tensors(static_cast<uint32_t>(tensors.size()));
-  announce.mutable_checkpoint()->set_membership_epoch(epoch);
   if (!write(announce)) return closed;
   v1::TensorChunk chunk;
   for (const auto& [name, t] : tensors) {

@@ -51,10 +51,10 @@ absl::Status SyncTrainingState(DrafterImpl& drafter, torch::optim::AdamW& optimi
 // "adamw.step" (I64 [1]). A copy, so that training goes on while it is sent.
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 NamedTensors SnapshotState(DrafterImpl& drafter, torch::optim::AdamW& optimizer);
-// Sends a snapshot as the state after `completed_steps` steps, asked for by the commit of
-// membership epoch `epoch`: the announcement, then every tensor's chunks, each through `write`
-// (false: the stream is gone). `after_first_tensor` is a fault-test hook.
-absl::Status SendCheckpoint(const NamedTensors& tensors, uint64_t completed_steps, uint64_t epoch,
+// Sends a snapshot as the state after `completed_steps` steps: the announcement, then every
+// tensor's chunks, each through `write` (false: the stream is gone). `after_first_tensor` is a
+// fault-test hook.
+absl::Status SendCheckpoint(const NamedTensors& tensors, uint64_t completed_steps,
                             const std::function<bool(v1::WorkerMessage&)>& write,
                             const std::function<void()>& after_first_tensor);
 

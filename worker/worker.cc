@@ -440,6 +440,18 @@ absl::Status RunSession(const WorkerOptions& o) {
     LOG(INFO) << "exported the drafter to " << dir;
     return absl::OkStatus();
   };
+  // A Shutdown or the end of the stream ends the session: true, with `result` set.
+  auto session_ends = [&](const Item& item) {
+    if (item.kind == Item::kShutdown) {
+      result = shutdown(item);
+      return true;
+    }
+    if (item.kind == Item::kError) {
+      result = absl::UnavailableError(item.text);
+      return true;
+    }
+    return false;
+  };
   // The checkpoint being sent (rank 0 sends its snapshot while training goes on).
   std::thread upload;
   auto finish_upload = [&] {
@@ -453,14 +465,7 @@ absl::Status RunSession(const WorkerOptions& o) {
     auto wait_start = Clock::now();
     Item item = next_item();
     double wait = Since(wait_start);
-    if (item.kind == Item::kShutdown) {
-      result = shutdown(item);
-      break;
-    }
-    if (item.kind == Item::kError) {
-      result = absl::UnavailableError(item.text);
-      break;
-    }
+    if (session_ends(item)) break;
     if (item.kind == Item::kReform) {
       if (!handle_reform(item.reform)) break;
       continue;
@@ -570,16 +575,7 @@ absl::Status RunSession(const WorkerOptions& o) {
     if (!write(m)) {
       // The coordinator ended the stream; a Shutdown it sent before says whether that is the end
       // (a step computed while the job was stopping is simply not acked).
-      while (true) {
-        Item next = next_item();
-        if (next.kind == Item::kShutdown) {
-          result = shutdown(next);
-          break;
-        }
-        if (next.kind == Item::kError) {
-          result = absl::UnavailableError(next.text);
-          break;
-        }
+      while (!session_ends(next_item())) {
       }
       break;
     }
@@ -599,7 +595,7 @@ absl::Status RunSession(const WorkerOptions& o) {
           progress.Enter("snapshot", first.step(), true);
           upload = std::thread([&, snapshot = SnapshotState(*drafter, trainer.optimizer()),
                                 completed = first.step() + 1, at_epoch = epoch, at_rank = rank] {
-            absl::Status sent = SendCheckpoint(snapshot, completed, at_epoch, write, [&] {
+            absl::Status sent = SendCheckpoint(snapshot, completed, write, [&] {
               MaybeFault(fault, "upload", completed, at_rank, at_epoch);
             });
             if (!sent.ok()) {
