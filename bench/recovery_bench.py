@@ -1,7 +1,7 @@
 """Recovery of a job with 3 worker processes after one of them is lost (elastic membership).
 
-  kill  `flashdraft launch` with 3 workers; after step 20 one worker gets SIGKILL. Its streams
-        break at once, so detection is immediate (bench/recovery_bench.sh).
+  kill  `flashdraft launch` with 3 workers (no restarts); after step 20 one worker gets SIGKILL.
+        Its streams break at once, so detection is immediate (bench/recovery_bench.sh).
   cut   a coordinator and 3 workers, one of them in its own network namespace joined by a veth
         pair; after step 20 the link goes down. Nothing breaks, the worker just goes silent: it is
         declared lost after cluster.heartbeat_timeout_seconds, the default 20 s
@@ -48,7 +48,7 @@ def kill_run(work, out):
     open(f"{work}/job.yaml", "w").write(
         JOB.format(out=out, work=work, steps=STEPS, listen="127.0.0.1:0"))
     p = subprocess.Popen(["build/bin/flashdraft", "launch", f"{work}/job.yaml", "--workers", "3",
-                          "--out", out], stdout=open(f"{out}.log", "w"), stderr=subprocess.STDOUT)
+                          "--max-restarts", "0", "--out", out], stdout=open(f"{out}.log", "w"), stderr=subprocess.STDOUT)
     wait_for_training(out)
     port = open(f"{out}/coordinator.port").read().strip()
     pid = int(subprocess.check_output(
