@@ -327,16 +327,21 @@ void Coordinator::DropSessionLocked(const std::string& token, const std::string&
   } else if (member && !over) {
     LOG(INFO) << "worker " << who << " left before training: " << why;
   }
-  auto it = sessions_.find(token);
-  if (it != sessions_.end()) {
-    // A worker declared lost while its stream is open (hung, cut off) is told so and never
-    // counted again: its token is gone.
-    it->second->FinishAfterWrites(
-        grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("removed from the job: ", why)));
-    sessions_.erase(it);
-  }
+  // A worker declared lost while its stream is open (hung, cut off) is told so and never
+  // counted again: its token is gone.
+  EndStreamLocked(
+      token, grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("removed from the job: ", why)));
   UpdateWorkerMetricsLocked();
   cv_.notify_all();
+}
+
+void Coordinator::EndStreamLocked(const std::string& token, const grpc::Status& status,
+                                  const v1::CoordinatorMessage* last) {
+  auto it = sessions_.find(token);
+  if (it == sessions_.end()) return;
+  if (last != nullptr) it->second->Send(MessageToBuffer(*last));
+  it->second->FinishAfterWrites(status);
+  sessions_.erase(it);
 }
 
 void Coordinator::SessionEnded(TrainSession* session, const std::string& why) {
@@ -417,14 +422,9 @@ void Coordinator::ReleaseLeavingLocked(bool at_step_boundary) {
   for (const std::string& token : membership_->Leaving()) {
     const MemberInfo m = *membership_->Find(token);
     if (m.state == MemberState::kActive && !at_step_boundary) continue;
-    auto it = sessions_.find(token);
-    if (it != sessions_.end()) {
-      v1::CoordinatorMessage shutdown;
-      shutdown.mutable_shutdown()->set_reason(m.leave_reason);
-      it->second->Send(MessageToBuffer(shutdown));
-      it->second->FinishAfterWrites(grpc::Status::OK);
-      sessions_.erase(it);
-    }
+    v1::CoordinatorMessage shutdown;
+    shutdown.mutable_shutdown()->set_reason(m.leave_reason);
+    EndStreamLocked(token, grpc::Status::OK, &shutdown);
     membership_->Remove(token);
     changes_.emplace_back(m.worker_id, absl::StrCat("left: ", m.leave_reason));
     LOG(INFO) << "worker '" << m.worker_id << "'"

@@ -3,6 +3,8 @@
 // stream, one write in flight per stream, no blocking inside reactions).
 #pragma once
 
+#include <grpcpp/support/status.h>
+
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -130,8 +132,12 @@ class Coordinator {
   absl::Status StartEpoch(int64_t next_step);
   // Drops workers silent past the heartbeat (or bind) timeout, or stuck, like any loss.
   void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends the stream of a worker that is no longer a member.
+  // Drops a lost worker: no longer a member, its stream ended with why.
   void DropSessionLocked(const std::string& token, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends `token`'s Train stream if it has one, with `last` as its final message (none: null).
+  void EndStreamLocked(const std::string& token, const grpc::Status& status,
+                       const v1::CoordinatorMessage* last = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lets the workers that asked to leave go (a Shutdown, then their stream ends): all of them at a
   // step boundary, only those not training otherwise.
