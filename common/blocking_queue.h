@@ -9,6 +9,8 @@
 #include <mutex>
 #include <optional>
 
+#include "absl/base/thread_annotations.h"
+
 namespace flashdraft {
 
 template <typename T>
@@ -49,8 +51,8 @@ class BlockingQueue {
   const size_t capacity_;
   std::mutex mu_;
   std::condition_variable not_empty_, not_full_;
-  std::deque<T> items_;
-  bool closed_ = false;
+  std::deque<T> items_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace flashdraft

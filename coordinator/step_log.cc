@@ -27,17 +27,24 @@ absl::StatusOr<StepLog> StepLog::Open(const std::string& path, int64_t resume_st
     if (absl::StatusOr<std::string> text = ReadFile(path); text.ok()) {
       for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
         const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
-        if (record.is_object() && record.contains("step") && record["step"].is_number_unsigned() &&
-            record["step"].get<int64_t>() < resume_step) {
-          absl::StrAppend(&kept, line, "\n");
-        }
+        if (!record.is_object()) continue;
+        // Events are the job's history (a worker lost, the coordinator restarted): they stay.
+        const bool event = record.contains("event");
+        const bool kept_step = record.contains("step") && record["step"].is_number_unsigned() &&
+                               record["step"].get<int64_t>() < resume_step;
+        if (event || kept_step) absl::StrAppend(&kept, line, "\n");
       }
     }
     FD_RETURN_IF_ERROR(WriteFileAtomically(path, kept));
   }
   std::ofstream file(path, resume_step > 0 ? std::ios::app : std::ios::trunc);
   if (!file) return absl::InternalError(absl::StrCat("cannot write ", path));
-  return StepLog(path, std::move(file));
+  StepLog log(path, std::move(file));
+  if (resume_step > 0) {
+    log.WriteEvent(
+        {{"event", "resumed"}, {"next_step", resume_step}, {"unix_time", UnixSeconds()}});
+  }
+  return log;
 }
 
 void StepLog::WriteLine(const std::string& line) {

@@ -41,7 +41,7 @@ class StepLog {
  public:
   // A fresh log at `path` (truncated), or with `resume_step` > 0 the existing one, keeping the
   // records of steps before `resume_step` (the steps a checkpoint holds; later ones are trained
-  // again) and dropping everything else.
+  // again) and every event (the job's history), then a {"event":"resumed"} line.
   static absl::StatusOr<StepLog> Open(const std::string& path, int64_t resume_step = 0);
 
   void Write(const StepRecord& record);

@@ -57,14 +57,22 @@ TEST(StepLogTest, ResumingKeepsTheStepsTheCheckpointHolds) {
   {
     absl::StatusOr<StepLog> log = StepLog::Open(path);
     ASSERT_TRUE(log.ok());
-    for (uint64_t s = 0; s < 5; ++s) log->Write(Record(s));
+    for (uint64_t s = 0; s < 5; ++s) {
+      log->Write(Record(s));
+      if (s == 3) log->WriteEvent({{"event", "membership"}, {"world_size", 2}});
+    }
   }
   absl::StatusOr<StepLog> log = StepLog::Open(path, /*resume_step=*/3);
   ASSERT_TRUE(log.ok());
   log->Write(Record(3));
   const std::vector<nlohmann::json> lines = Lines(path);
-  ASSERT_EQ(lines.size(), 4u);
-  for (int s = 0; s < 4; ++s) EXPECT_EQ(lines[s]["step"], s);
+  ASSERT_EQ(lines.size(), 6u);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(lines[s]["step"], s);
+  // The event of a step trained again stays: it happened.
+  EXPECT_EQ(lines[3]["event"], "membership");
+  EXPECT_EQ(lines[4]["event"], "resumed");
+  EXPECT_EQ(lines[4]["next_step"], 3);
+  EXPECT_EQ(lines[5]["step"], 3);
   // A fresh log starts empty.
   ASSERT_TRUE(StepLog::Open(path).ok());
   EXPECT_TRUE(Lines(path).empty());

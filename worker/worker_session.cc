@@ -1,0 +1,402 @@
+#include "worker/worker_session.h"
+
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/shard_tree.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "model/export.h"
+#include "worker/training_state.h"
+
+namespace flashdraft {
+namespace {
+
+// The shard layout a step's first Microbatch announces must be the job's: K virtual shards
+// (train.virtual_shards) with the deterministic reduction, one shard per rank without it, laid out
+// over the ranks as the scheduler lays them (ShardOffsets).
+absl::Status CheckShardLayout(const v1::Microbatch& h, const std::vector<int64_t>& offsets,
+                              int rank, int world, int64_t virtual_shards) {
+  const int64_t want = virtual_shards > 0 ? virtual_shards : world;
+  if (h.num_shards() != want || offsets != ShardOffsets(want, world) ||
+      h.rank() != static_cast<uint32_t>(rank) || h.world_size() != static_cast<uint32_t>(world) ||
+      h.shard() != static_cast<uint32_t>(offsets[rank])) {
+    return absl::DataLossError(absl::StrCat(
+        "step ", h.step(), ": the coordinator's shard layout (shard ", h.shard(), " of ",
+        h.num_shards(), ", offsets [", absl::StrJoin(offsets, ", "), "], rank ", h.rank(), "/",
+        h.world_size(), ") is not this job's (", want, " shards, rank ", rank, "/", world, ")"));
+  }
+  return absl::OkStatus();
+}
+
+void ExitStuck() {
+  LOG(ERROR) << "exiting (code 3) so that a supervisor starts this worker again";
+  google::FlushLogFiles(google::GLOG_INFO);
+  _exit(3);
+}
+
+}  // namespace
+
+OptimizerOptions OptimizerOptionsOf(const JobConfig& job) {
+  OptimizerOptions opt;
+  opt.learning_rate = job.train.learning_rate;
+  opt.beta1 = job.train.adam_beta1;
+  opt.beta2 = job.train.adam_beta2;
+  opt.eps = job.train.adam_eps;
+  opt.weight_decay = job.train.weight_decay;
+  opt.grad_clip_norm = job.train.grad_clip_norm;
+  return opt;
+}
+
+WorkerSession::WorkerSession(SessionSetup setup, SessionHooks hooks)
+    : setup_(std::move(setup)),
+      clock_(hooks.clock != nullptr ? *hooks.clock : RealClock::Get()),
+      hooks_(std::move(hooks)),
+      drafter_(setup_.drafter_config),
+      trainer_(drafter_, OptimizerOptionsOf(setup_.job)) {
+  const JobConfig& job = setup_.job;
+  params_ = drafter_->parameters();
+  reduction_.bucket_bytes = static_cast<size_t>(job.cluster.allreduce_bucket_mib * (1 << 20));
+  reduction_.ordered = job.train.deterministic_reduction;
+  virtual_shards_ = EffectiveVirtualShards(job);
+  gamma_ = job.drafter.loss_decay_gamma > 0
+               ? job.drafter.loss_decay_gamma
+               : DefaultLossDecayGamma(job.drafter.block_size).value_or(7.0);
+  setup_.gloo.timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(job.cluster.collective_timeout_seconds * 1000));
+  if (!hooks_.on_stuck) hooks_.on_stuck = ExitStuck;
+}
+
+absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Create(SessionSetup setup,
+                                                                     SessionHooks hooks) {
+  std::unique_ptr<WorkerSession> session(new WorkerSession(std::move(setup), std::move(hooks)));
+  auto& fetched = session->setup_.fetched;
+  FD_RETURN_IF_ERROR(LoadFetchedModel(*session->drafter_, fetched));
+  FD_RETURN_IF_ERROR(
+      LoadOptimizerState(*session->drafter_, fetched, session->trainer_.optimizer()));
+  fetched.clear();
+  return session;
+}
+
+WorkerSession::~WorkerSession() {
+  // Run joins its threads; a session that never ran has none.
+  FinishUpload();
+}
+
+bool WorkerSession::Write(v1::WorkerMessage& message) {
+  message.set_worker_id(setup_.worker_id);
+  message.set_session_token(setup_.session_token);
+  return link_->Write(message);
+}
+
+InboxItem WorkerSession::Next() {
+  if (deferred_.empty()) return inbox_.Pop();
+  InboxItem item = std::move(deferred_.front());
+  deferred_.pop_front();
+  return item;
+}
+
+void WorkerSession::End(absl::Status status) {
+  if (!end_) end_ = std::move(status);
+}
+
+// The end of the job (or of this worker's part in it): rank 0 exports a finished job's drafter.
+absl::Status WorkerSession::Shutdown(const InboxItem& item) {
+  LOG(INFO) << "shutdown: " << item.text;
+  if (!item.job_finished || rank_ != 0) return absl::OkStatus();
+  const std::string dir = setup_.job.output_dir + "/drafter";
+  FD_RETURN_IF_ERROR(ExportDrafter(*drafter_, dir));
+  LOG(INFO) << "exported the drafter to " << dir;
+  return absl::OkStatus();
+}
+
+bool WorkerSession::EndsSession(const InboxItem& item) {
+  if (item.kind == InboxItem::kShutdown) {
+    End(Shutdown(item));
+    return true;
+  }
+  if (item.kind == InboxItem::kError) {
+    End(absl::UnavailableError(item.text));
+    return true;
+  }
+  return false;
+}
+
+// The old group is never destroyed: it may be stuck in a collective with a vanished peer, and its
+// threads give up by themselves at the collective timeout.
+void WorkerSession::LeaveGroup() {
+  trainer_.DiscardGradients();
+  reducer_.reset();
+  (void)collective_.release();
+}
+
+void WorkerSession::ReportCollectiveFailure(uint64_t step, const absl::Status& why) {
+  LOG(WARNING) << "epoch " << epoch_ << " step " << step << ": " << why.message()
+               << "; waiting for the coordinator to re-form the group";
+  v1::WorkerMessage m;
+  v1::CollectiveFailure* f = m.mutable_collective_failure();
+  f->set_step(step);
+  f->set_membership_epoch(epoch_);
+  f->set_error(std::string(why.message()));
+  Write(m);
+  broken_ = true;
+}
+
+absl::Status WorkerSession::JoinGroup(const v1::Reform& r) {
+  progress_.Enter("reform", r.next_step(), /*is_busy=*/false);
+  LeaveGroup();
+  epoch_ = r.membership_epoch();
+  rank_ = static_cast<int>(r.rank());
+  world_ = static_cast<int>(r.world_size());
+  broken_ = false;
+  const double start = clock_.Now();
+  const AbortCheck superseded = [this] { return Superseded(); };
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(r.store_prefix(), setup_.store);
+  FD_ASSIGN_OR_RETURN(collective_,
+                      GlooCollective::Create(prefixed, rank_, world_, setup_.gloo, superseded));
+  reducer_ = std::make_unique<GradientReducer>(params_, collective_.get(), reduction_);
+  FD_RETURN_IF_ERROR(
+      SyncTrainingState(*drafter_, trainer_.optimizer(), *collective_, r.sync_state(), superseded));
+  LOG(INFO) << absl::StrFormat(
+      "membership epoch %d: rank %d of %d from step %d%s (group formed in %.2f s)", epoch_, rank_,
+      world_, r.next_step(), r.sync_state() ? ", state synchronized from rank 0" : "",
+      clock_.Now() - start);
+  return absl::OkStatus();
+}
+
+void WorkerSession::HandleReform(const v1::Reform& r) {
+  absl::Status s = JoinGroup(r);
+  if (s.ok() || absl::IsAborted(s)) return;  // aborted: the newer Reform is queued
+  if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
+    ReportCollectiveFailure(r.next_step(), s);
+    return;
+  }
+  End(s);
+}
+
+void WorkerSession::TrainStep(InboxItem item, double wait) {
+  const v1::Microbatch first = item.header;
+  // This rank computes shards [offsets[rank], offsets[rank+1]) in order.
+  const std::vector<int64_t> offsets(first.shard_offsets().begin(), first.shard_offsets().end());
+  if (absl::Status s = CheckShardLayout(first, offsets, rank_, world_, virtual_shards_); !s.ok()) {
+    return End(s);
+  }
+  if (reduction_.ordered) {
+    if (absl::Status s = reducer_->BeginStep(first.num_shards(), offsets); !s.ok()) return End(s);
+  }
+  const uint64_t step = first.step();
+  last_step_ = step;
+  v1::StepAck ack;
+  ack.set_step(step);
+  ack.set_membership_epoch(first.membership_epoch());
+  double forward = 0, backward = 0;
+  for (int64_t shard = offsets[rank_]; shard < offsets[rank_ + 1]; ++shard) {
+    if (shard > offsets[rank_]) {
+      const double wait_start = clock_.Now();
+      item = Next();
+      wait += clock_.Now() - wait_start;
+      if (item.kind != InboxItem::kBatch) {
+        // A Reform, Shutdown or error mid-step: the step cannot finish in this epoch. Drop it and
+        // handle what interrupted it.
+        trainer_.DiscardGradients();
+        deferred_.push_front(std::move(item));
+        return;
+      }
+    }
+    const v1::Microbatch& h = item.header;
+    if (h.step() != step || h.shard() != shard ||
+        h.membership_epoch() != first.membership_epoch()) {
+      return End(absl::DataLossError(absl::StrCat("expected shard ", shard, " of step ", step,
+                                                  ", the coordinator sent shard ", h.shard(),
+                                                  " of step ", h.step())));
+    }
+    v1::ShardResult* out = ack.add_shards();
+    out->set_shard(static_cast<uint32_t>(shard));
+    for (int k = 1; k < setup_.job.drafter.block_size; ++k) {
+      out->add_slot_correct(0);
+      out->add_slot_total(0);
+    }
+    DrafterBatch batch{item.tensors["input_ids"], item.tensors["loss_mask"],
+                       item.tensors["hidden_states"], item.tensors["anchors"]};
+    // Gradients accumulate into the reducer's buckets, whose exchanges start during the last
+    // shard's backward.
+    reducer_->Prepare();
+    if (!batch.input_ids.defined() || batch.input_ids.size(0) == 0) continue;
+    try {
+      double t = clock_.Now();
+      progress_.Enter("forward", step, true);
+      DrafterLossResult r = drafter_->Loss(batch, gamma_, h.global_weight_sum());
+      forward += clock_.Now() - t;
+      if (shard == offsets[rank_]) MaybeFault(setup_.fault, "forward", step, rank_, epoch_);
+      t = clock_.Now();
+      progress_.Enter("backward", step, true);
+      r.loss.backward();
+      backward += clock_.Now() - t;
+      out->set_weighted_loss_sum(r.weighted_ce_sum);
+      out->set_weight_sum(r.weight_sum);
+      out->set_tokens(r.tokens);
+      for (size_t k = 0; k < r.slot_total.size() && k < static_cast<size_t>(out->slot_total_size());
+           ++k) {
+        out->set_slot_correct(static_cast<int>(k), r.slot_correct[k]);
+        out->set_slot_total(static_cast<int>(k), r.slot_total[k]);
+      }
+    } catch (const std::exception& e) {
+      return End(absl::InternalError(
+          absl::StrCat("step ", step, " shard ", shard, ": forward/backward failed: ", e.what())));
+    }
+  }
+  // Every rank takes part in every reduction. What is timed is the part of the exchange that
+  // backward did not hide.
+  const double t = clock_.Now();
+  progress_.Enter("reduce", step, false);                   // waits for its peers
+  MaybeFault(setup_.fault, "reduce", step, rank_, epoch_);  // its buckets are in flight
+  absl::Status reduced = reducer_->Finish([this] { return Superseded(); });
+  if (!reduced.ok()) {
+    trainer_.DiscardGradients();
+    if (!absl::IsAborted(reduced)) ReportCollectiveFailure(step, reduced);
+    return;
+  }
+  v1::PhaseTimings* timings = ack.mutable_timings();
+  timings->set_wait_seconds(wait);
+  timings->set_forward_seconds(forward);
+  timings->set_backward_seconds(backward);
+  timings->set_allreduce_seconds(clock_.Now() - t);
+  timings->set_optimizer_seconds(last_optimizer_seconds_);  // the previous step's
+  ack.set_collective_bytes(reducer_->bytes_sent());
+  v1::WorkerMessage m;
+  *m.mutable_ack() = std::move(ack);
+  if (!Write(m)) {
+    // The coordinator ended the stream; a Shutdown it sent before says whether that is the end
+    // (a step computed while the job was stopping is simply not acked).
+    while (!EndsSession(Next())) {
+    }
+    return;
+  }
+  AwaitCommit(first);
+}
+
+// Only the commit makes the step real (DESIGN.md §2): until then gradients stay aside.
+void WorkerSession::AwaitCommit(const v1::Microbatch& step) {
+  progress_.Enter("idle", step.step(), false);
+  while (true) {
+    InboxItem next = inbox_.Pop();
+    switch (next.kind) {
+      case InboxItem::kBatch:  // the next step's, sent ahead
+        deferred_.push_back(std::move(next));
+        continue;
+      case InboxItem::kCommit: {
+        if (next.step != step.step() || next.epoch != epoch_) continue;  // of another epoch
+        const double t = clock_.Now();
+        progress_.Enter("optimizer", step.step(), true);
+        trainer_.ApplyWithLearningRate(step.learning_rate());
+        last_optimizer_seconds_ = clock_.Now() - t;
+        if (next.checkpoint && rank_ == 0) StartUpload(step.step() + 1);
+        return;
+      }
+      case InboxItem::kReform:
+        // The step will not commit in this epoch: every member drops it (leaving the group
+        // discards its gradients), and every step of older epochs with it.
+        deferred_.clear();
+        HandleReform(next.reform);
+        return;
+      case InboxItem::kShutdown:
+        trainer_.DiscardGradients();
+        LOG(INFO) << "shutdown before the commit of step " << step.step();
+        End(Shutdown(next));
+        return;
+      case InboxItem::kError:
+        End(absl::UnavailableError(next.text));
+        return;
+    }
+  }
+}
+
+// Rank 0 snapshots its state and sends it from a side thread while training goes on; one upload
+// at a time.
+void WorkerSession::StartUpload(uint64_t completed_steps) {
+  FinishUpload();
+  progress_.Enter("snapshot", completed_steps - 1, true);
+  upload_ = std::thread([this, snapshot = SnapshotState(*drafter_, trainer_.optimizer()),
+                         completed_steps, at_epoch = epoch_, at_rank = rank_] {
+    absl::Status sent = SendCheckpoint(
+        snapshot, completed_steps, [this](v1::WorkerMessage& m) { return Write(m); },
+        [&] { MaybeFault(setup_.fault, "upload", completed_steps, at_rank, at_epoch); });
+    if (!sent.ok()) {
+      LOG(WARNING) << "checkpoint upload after step " << completed_steps << ": " << sent.message();
+    }
+  });
+}
+
+void WorkerSession::FinishUpload() {
+  if (upload_.joinable()) upload_.join();
+}
+
+// The heartbeat thread: a SessionMonitor tick every 100 ms until the session ends.
+void WorkerSession::Heartbeats() {
+  MonitorOptions options;
+  options.heartbeat_interval_seconds = setup_.job.cluster.heartbeat_interval_seconds;
+  options.stall_timeout_seconds = setup_.job.cluster.stall_timeout_seconds;
+  SessionMonitor monitor(
+      clock_, options, progress_, [this](v1::WorkerMessage& m) { return Write(m); },
+      hooks_.on_stuck);
+  do {
+    monitor.Tick(hooks_.leave_requested != nullptr && hooks_.leave_requested->load(),
+                 inbox_.stream_lost());
+  } while (!stop_heartbeats_.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+}
+
+absl::Status WorkerSession::Run(CoordinatorLink& link) {
+  link_ = &link;
+  {
+    v1::WorkerMessage hello;  // binds the stream to this session
+    hello.mutable_heartbeat()->set_unix_millis(0);
+    if (!Write(hello)) {
+      link.Cancel();
+      link.Finish();
+      return absl::UnavailableError("the coordinator closed the Train stream");
+    }
+  }
+  reader_ = std::thread([this] { inbox_.ReadAll(*link_); });
+  heartbeat_ = std::thread([this] { Heartbeats(); });
+  while (!end_) {
+    progress_.Enter("idle", last_step_, /*is_busy=*/false);
+    const double wait_start = clock_.Now();
+    InboxItem item = Next();
+    const double wait = clock_.Now() - wait_start;
+    if (EndsSession(item)) break;
+    if (item.kind == InboxItem::kReform) {
+      HandleReform(item.reform);
+      continue;
+    }
+    // A step of another epoch, or of one whose collective failed, is dropped: the coordinator
+    // sends it again in the next epoch. (So is a commit of a step this worker did not compute.)
+    if (item.kind != InboxItem::kBatch || item.header.membership_epoch() != epoch_ || broken_ ||
+        !reducer_) {
+      continue;
+    }
+    TrainStep(std::move(item), wait);
+  }
+  const absl::Status result = *end_;
+  if (!result.ok()) {
+    v1::WorkerMessage m;
+    m.set_error(std::string(result.message()));
+    Write(m);
+  }
+  stop_heartbeats_.Notify();
+  heartbeat_.join();
+  if (!result.ok()) link.Cancel();
+  FinishUpload();
+  link.WritesDone();
+  reader_.join();
+  link.Finish();
+  // A group that may be stuck with a vanished peer is left to its own threads.
+  reducer_.reset();
+  (void)collective_.release();
+  return result;
+}
+
+}  // namespace flashdraft

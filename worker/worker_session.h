@@ -1,0 +1,144 @@
+// One session of a worker with one coordinator process, after Join and FetchTensors: the Train
+// stream's protocol (DESIGN.md §2). Three threads: a reader (SessionInbox) turning the stream into
+// whole microbatches, commits, re-forms and the shutdown; a heartbeat thread (SessionMonitor); and
+// the training thread that runs Run(): for each membership epoch it forms the epoch's collective,
+// then for each step computes its shards, reduces the gradients, acks, and applies the step only
+// when the commit comes. The epoch's rank 0 uploads checkpoints from a side thread.
+//
+// It talks through a CoordinatorLink and keeps time with a Clock, so tests run it against a fake
+// link (and a real single-process collective) without a network.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "common/clock.h"
+#include "common/job_config.h"
+#include "flashdraft/v1/coordinator.pb.h"
+#include "model/drafter.h"
+#include "model/trainer.h"
+#include "worker/collective/gloo_collective.h"
+#include "worker/coordinator_link.h"
+#include "worker/fault.h"
+#include "worker/gradient_reducer.h"
+#include "worker/session_inbox.h"
+#include "worker/session_monitor.h"
+
+namespace flashdraft {
+
+struct SessionSetup {
+  std::string worker_id;
+  std::string session_token;
+  JobConfig job;
+  DrafterModelConfig drafter_config;
+  // What FetchTensors brought: the frozen target tensors, the starting weights and, when resuming,
+  // the optimizer state (moved into the model; emptied).
+  std::map<std::string, torch::Tensor> fetched;
+  // The rendezvous store; each epoch's group forms under the prefix its Reform names.
+  c10::intrusive_ptr<c10d::Store> store;
+  // The collective's timeout is cluster.collective_timeout_seconds; the interface or address here.
+  GlooOptions gloo;
+  FaultPlan fault;
+};
+
+struct SessionHooks {
+  const Clock* clock = &RealClock::Get();
+  // Set by SIGTERM: leave at the next step boundary. Null: never.
+  const std::atomic<bool>* leave_requested = nullptr;
+  // The training thread is stuck and the coordinator is gone. Default: log and _exit(3), so that a
+  // supervisor starts the worker again.
+  std::function<void()> on_stuck;
+};
+
+// The optimizer settings of the job's train section.
+OptimizerOptions OptimizerOptionsOf(const JobConfig& job);
+
+class WorkerSession {
+ public:
+  // Builds the drafter and its optimizer from `setup.fetched`; errors name what the coordinator
+  // sent wrong.
+  static absl::StatusOr<std::unique_ptr<WorkerSession>> Create(SessionSetup setup,
+                                                               SessionHooks hooks = {});
+  ~WorkerSession();
+
+  // Trains until a Shutdown (OK; rank 0 of a finished job exports the drafter to
+  // <output_dir>/drafter), the end of the stream (UNAVAILABLE: join again) or a fatal error (told
+  // to the coordinator, returned), over the just-opened Train stream `link`, which it ends. Once.
+  absl::Status Run(CoordinatorLink& link);
+
+  // The model, for tests (not while Run runs).
+  DrafterImpl& drafter() { return *drafter_; }
+  torch::optim::AdamW& optimizer() { return trainer_.optimizer(); }
+
+ private:
+  WorkerSession(SessionSetup setup, SessionHooks hooks);
+
+  // Sends a message with this worker's id and token; false once the stream is gone. Any thread.
+  bool Write(v1::WorkerMessage& message);
+  // The next item: one put aside while waiting for a commit, else the inbox's.
+  InboxItem Next();
+  void End(absl::Status status);
+  // A Shutdown or the end of the stream ends the session (true).
+  bool EndsSession(const InboxItem& item);
+  absl::Status Shutdown(const InboxItem& item);
+
+  // Membership: joins the group of a new epoch, leaving the old one (its uncommitted gradients
+  // are dropped). OK, ABORTED (a newer epoch came meanwhile), UNAVAILABLE (the group could not
+  // form) or a fatal error.
+  absl::Status JoinGroup(const v1::Reform& reform);
+  void HandleReform(const v1::Reform& reform);
+  void LeaveGroup();
+  void ReportCollectiveFailure(uint64_t step, const absl::Status& why);
+  bool Superseded() const { return inbox_.newest_epoch() > epoch_; }
+
+  // A step whose first microbatch is `first` (already waited `wait` seconds for): this rank's
+  // shards, the reduction, the ack, then the commit.
+  void TrainStep(InboxItem first, double wait);
+  void AwaitCommit(const v1::Microbatch& step);
+  void StartUpload(uint64_t completed_steps);
+  void FinishUpload();
+
+  void Heartbeats();
+
+  SessionSetup setup_;
+  CoordinatorLink* link_ = nullptr;  // Run's
+  const Clock& clock_;
+  SessionHooks hooks_;
+  Drafter drafter_;
+  DrafterTrainer trainer_;
+  std::vector<torch::Tensor> params_;
+  GradientReducerOptions reduction_;
+  int64_t virtual_shards_ = 0;
+  double gamma_ = 7.0;
+
+  SessionInbox inbox_;
+  SessionProgress progress_;
+  std::thread reader_, heartbeat_, upload_;
+  absl::Notification stop_heartbeats_;
+
+  // The training thread's own.
+  uint64_t epoch_ = 0;  // 0: not a member yet
+  int rank_ = -1, world_ = 0;
+  bool broken_ = false;  // this epoch's collective failed: its steps are dropped until a Reform
+  std::unique_ptr<GlooCollective> collective_;
+  std::unique_ptr<GradientReducer> reducer_;
+  std::deque<InboxItem> deferred_;  // items that arrived while a step waited for its commit
+  std::optional<absl::Status> end_;
+  double last_optimizer_seconds_ = 0;
+  uint64_t last_step_ = 0;
+};
+
+}  // namespace flashdraft

@@ -1,0 +1,537 @@
+// The worker's session protocol without a network: a fake Train stream (FakeLink) plays the
+// coordinator, the collective is a real single-rank Gloo group over an in-process store, and the
+// heartbeat logic runs on a FakeClock.
+#include "worker/worker_session.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <vector>
+
+#include "common/chunk_wire.h"
+#include "model/synthetic_data.h"
+#include "model/wire_tensor.h"
+#include "tests/support/test_util.h"
+
+namespace flashdraft {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The coordinator's end of a Train stream, in memory.
+class FakeLink : public CoordinatorLink {
+ public:
+  // --- the coordinator's side ---
+  void Send(const v1::CoordinatorMessage& message) { SendBuffer(MessageToBuffer(message)); }
+  void SendBuffer(grpc::ByteBuffer buffer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    incoming_.push_back(std::move(buffer));
+    cv_.notify_all();
+  }
+  // The coordinator ends the stream (its writes fail from now on too).
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    cv_.notify_all();
+  }
+  // The first message written that `want` accepts; nullopt after 60 s.
+  std::optional<v1::WorkerMessage> WaitFor(
+      const std::function<bool(const v1::WorkerMessage&)>& want) {
+    std::unique_lock<std::mutex> lock(mu_);
+    std::optional<v1::WorkerMessage> found;
+    cv_.wait_for(lock, std::chrono::seconds(60), [&] {
+      for (const auto& m : written_) {
+        if (want(m)) {
+          found = m;
+          return true;
+        }
+      }
+      return false;
+    });
+    return found;
+  }
+  std::vector<v1::WorkerMessage> Written() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return written_;
+  }
+
+  // --- the worker's side ---
+  bool Read(grpc::ByteBuffer* out) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !incoming_.empty() || closed_ || ended_; });
+    if (ended_ || incoming_.empty()) return false;
+    *out = std::move(incoming_.front());
+    incoming_.pop_front();
+    return true;
+  }
+  bool Write(const v1::WorkerMessage& message) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || ended_) return false;
+    written_.push_back(message);
+    cv_.notify_all();
+    return true;
+  }
+  // The fake coordinator ends the stream when the worker half-closes, as the real one does.
+  void WritesDone() override { End(); }
+  void Cancel() override { End(); }
+  void Finish() override {}
+
+ private:
+  void End() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_ = true;
+    cv_.notify_all();
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<grpc::ByteBuffer> incoming_;
+  std::vector<v1::WorkerMessage> written_;
+  bool closed_ = false, ended_ = false;
+};
+
+v1::CoordinatorMessage ReformMessage(uint64_t epoch, uint64_t next_step) {
+  v1::CoordinatorMessage m;
+  v1::Reform* r = m.mutable_reform();
+  r->set_membership_epoch(epoch);
+  r->set_rank(0);
+  r->set_world_size(1);
+  r->set_store_prefix("epoch/" + std::to_string(epoch));
+  r->set_next_step(next_step);
+  return m;
+}
+
+v1::CoordinatorMessage CommitMessage(uint64_t step, uint64_t epoch, bool checkpoint) {
+  v1::CoordinatorMessage m;
+  m.mutable_commit()->set_step(step);
+  m.mutable_commit()->set_membership_epoch(epoch);
+  m.mutable_commit()->set_checkpoint(checkpoint);
+  return m;
+}
+
+v1::CoordinatorMessage ShutdownMessage(bool finished) {
+  v1::CoordinatorMessage m;
+  m.mutable_shutdown()->set_reason(finished ? "trained every step" : "stopping");
+  m.mutable_shutdown()->set_job_finished(finished);
+  return m;
+}
+
+bool IsAck(const v1::WorkerMessage& m, uint64_t step, uint64_t epoch) {
+  return m.has_ack() && m.ack().step() == step && m.ack().membership_epoch() == epoch;
+}
+
+// A tensor's chunks as the coordinator streams them (small chunks: several per tensor).
+std::vector<grpc::ByteBuffer> ChunkBuffers(const std::string& name, const torch::Tensor& tensor) {
+  torch::Tensor c = tensor.contiguous();
+  auto spec = SpecOf(name, c);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  std::vector<grpc::ByteBuffer> buffers;
+  if (!spec.ok()) return buffers;
+  EXPECT_TRUE(EncodeTensorBuffers(*spec, c.data_ptr(), c.nbytes(), 1024,
+                                  std::make_shared<torch::Tensor>(c), kCoordinatorMessageChunkField,
+                                  &buffers)
+                  .ok());
+  return buffers;
+}
+
+constexpr int kShards = 2;  // train.virtual_shards
+constexpr double kLearningRate = 1e-3;
+
+// A tiny job of one rank over two virtual shards, its starting state, and the reference numbers of
+// its first step computed here without any protocol.
+class WorkerSessionTest : public ::testing::Test {
+ protected:
+  WorkerSessionTest()
+      : lang_(MakeSyntheticLanguage(40, 64, 0.1, 3)),
+        config_(SyntheticDrafterConfig(lang_, 4, 32, 1)) {
+    torch::set_num_threads(1);
+    job_.drafter.block_size = 4;
+    job_.train.virtual_shards = kShards;
+    job_.train.learning_rate = kLearningRate;
+    job_.cluster.collective_timeout_seconds = 30;
+    job_.cluster.heartbeat_interval_seconds = 0.05;
+    job_.output_dir = dir_.path();
+    SyntheticBatchOptions o;
+    o.batch = 2;
+    o.seq_len = 24;
+    o.max_anchors = 4;
+    for (int shard = 0; shard < kShards; ++shard)
+      batches_.push_back(MakeSyntheticBatch(lang_, o, 1, shard));
+    Drafter start(config_);
+    start->InitWeights(5);
+    auto [embed, head] = MakeSyntheticTarget(lang_, 32, 9);
+    fetched_["embed_tokens.weight"] = embed;
+    fetched_["lm_head.weight"] = head;
+    for (const auto& p : start->named_parameters()) {
+      fetched_[std::string(kDrafterWeightPrefix) + p.key()] = p.value().detach().clone();
+    }
+  }
+
+  std::unique_ptr<WorkerSession> NewSession(SessionHooks hooks = {}) {
+    SessionSetup setup;
+    setup.worker_id = "w0";
+    setup.session_token = "token";
+    setup.job = job_;
+    setup.drafter_config = config_;
+    setup.fetched = fetched_;
+    setup.store = c10::make_intrusive<c10d::HashStore>();
+    setup.gloo.address = "127.0.0.1";
+    auto session = WorkerSession::Create(std::move(setup), std::move(hooks));
+    EXPECT_TRUE(session.ok()) << session.status();
+    return session.ok() ? *std::move(session) : nullptr;
+  }
+
+  // The session's Run on a thread of its own.
+  void Start(WorkerSession& session) {
+    runner_ = std::thread([&] { result_ = session.Run(link_); });
+  }
+  absl::Status Join() {
+    runner_.join();
+    return result_;
+  }
+
+  double Gamma() const { return DefaultLossDecayGamma(job_.drafter.block_size).value_or(7.0); }
+
+  // The step's Σw over both shards.
+  double WeightSum() {
+    Drafter reference = Reference().second;
+    double sum = 0;
+    torch::NoGradGuard no_grad;
+    for (const auto& b : batches_) sum += reference->Loss(b, Gamma()).weight_sum;
+    return sum;
+  }
+
+  // A trainer at the starting state.
+  std::pair<std::unique_ptr<DrafterTrainer>, Drafter> Reference() {
+    Drafter d(config_);
+    d->SetFrozen(fetched_.at("embed_tokens.weight"), fetched_.at("lm_head.weight"));
+    torch::NoGradGuard no_grad;
+    for (auto& p : d->named_parameters()) {
+      p.value().copy_(fetched_.at(std::string(kDrafterWeightPrefix) + p.key()));
+    }
+    return {std::make_unique<DrafterTrainer>(d, OptimizerOptionsOf(job_)), d};
+  }
+
+  // Step `step`'s shards of `epoch`, as the coordinator streams them.
+  void SendStep(uint64_t step, uint64_t epoch, double weight_sum, int num_shards = kShards) {
+    for (int shard = 0; shard < kShards; ++shard) {
+      const DrafterBatch& b = batches_[shard];
+      v1::CoordinatorMessage m;
+      v1::Microbatch* h = m.mutable_microbatch();
+      h->set_step(step);
+      h->set_membership_epoch(epoch);
+      h->set_rank(0);
+      h->set_world_size(1);
+      h->set_global_weight_sum(weight_sum);
+      h->set_learning_rate(kLearningRate);
+      h->set_shard(shard);
+      h->set_num_shards(num_shards);
+      h->add_shard_offsets(0);
+      h->add_shard_offsets(num_shards);
+      h->set_num_tensors(4);
+      link_.Send(m);
+      for (const auto& [name, t] : {std::pair<std::string, torch::Tensor>{"input_ids", b.input_ids},
+                                    {"loss_mask", b.loss_mask},
+                                    {"hidden_states", b.hidden_states},
+                                    {"anchors", b.anchors}}) {
+        for (auto& buffer : ChunkBuffers(name, t)) link_.SendBuffer(std::move(buffer));
+      }
+    }
+  }
+
+  testing::TempDir dir_;
+  SyntheticLanguage lang_;
+  DrafterModelConfig config_;
+  JobConfig job_;
+  std::vector<DrafterBatch> batches_;
+  std::map<std::string, torch::Tensor> fetched_;
+  FakeLink link_;
+  std::thread runner_;
+  absl::Status result_;
+};
+
+TEST_F(WorkerSessionTest, TrainsAStepAppliesItAtTheCommitUploadsTheCheckpointAndExports) {
+  auto session = NewSession();
+  ASSERT_NE(session, nullptr);
+  const double weight_sum = WeightSum();
+  // The reference: both shards' gradients over the step's Σw, one AdamW step.
+  auto [trainer, reference] = Reference();
+  std::vector<double> losses;
+  for (const auto& b : batches_) {
+    DrafterLossResult r = reference->Loss(b, Gamma(), weight_sum);
+    r.loss.backward();
+    losses.push_back(r.weighted_ce_sum);
+  }
+  trainer->ApplyWithLearningRate(kLearningRate);
+
+  Start(*session);
+  link_.Send(ReformMessage(1, 0));
+  SendStep(0, 1, weight_sum);
+  auto ack = link_.WaitFor([](const v1::WorkerMessage& m) { return IsAck(m, 0, 1); });
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->worker_id(), "w0");
+  EXPECT_EQ(ack->session_token(), "token");
+  ASSERT_EQ(ack->ack().shards_size(), kShards);
+  for (int k = 0; k < kShards; ++k) {
+    EXPECT_EQ(ack->ack().shards(k).shard(), static_cast<uint32_t>(k));
+    EXPECT_EQ(ack->ack().shards(k).weighted_loss_sum(), losses[k]);  // the same computation
+    EXPECT_EQ(ack->ack().shards(k).slot_total_size(), job_.drafter.block_size - 1);
+  }
+  link_.Send(CommitMessage(0, 1, /*checkpoint=*/true));
+  auto upload = link_.WaitFor([](const v1::WorkerMessage& m) { return m.has_checkpoint(); });
+  ASSERT_TRUE(upload.has_value());
+  EXPECT_EQ(upload->checkpoint().completed_steps(), 1u);
+  const size_t params = reference->parameters().size();
+  EXPECT_EQ(upload->checkpoint().num_tensors(), 3 * params + 1);  // weights, 2 moments, step
+  link_.Send(ShutdownMessage(/*finished=*/true));
+  ASSERT_TRUE(Join().ok()) << result_;
+
+  // The upload's tensors all came before the end; the drafter was exported.
+  size_t chunks = 0;
+  for (const auto& m : link_.Written()) chunks += m.has_tensor_chunk();
+  EXPECT_GE(chunks, 3 * params + 1);
+  EXPECT_TRUE(std::filesystem::exists(dir_.Join("drafter/model.safetensors")));
+  auto want = reference->named_parameters();
+  for (const auto& p : session->drafter().named_parameters()) {
+    EXPECT_TRUE(torch::allclose(p.value(), want[p.key()], 1e-5, 1e-7)) << p.key();
+    EXPECT_FALSE(torch::equal(p.value(), fetched_.at(std::string(kDrafterWeightPrefix) + p.key())))
+        << p.key() << " did not change";
+  }
+}
+
+TEST_F(WorkerSessionTest, AReformBeforeTheCommitDropsTheStepAndStaleEpochsAreIgnored) {
+  auto session = NewSession();
+  ASSERT_NE(session, nullptr);
+  const double weight_sum = WeightSum();
+  Start(*session);
+  link_.Send(ReformMessage(1, 0));
+  SendStep(0, 1, weight_sum);
+  auto first = link_.WaitFor([](const v1::WorkerMessage& m) { return IsAck(m, 0, 1); });
+  ASSERT_TRUE(first.has_value());
+  // A peer was lost before step 0 committed: epoch 2 re-forms and re-sends step 0. A late copy of
+  // epoch 1's step and epoch 1's commit must change nothing.
+  link_.Send(ReformMessage(2, 0));
+  SendStep(0, 1, weight_sum);
+  SendStep(0, 2, weight_sum);
+  auto second = link_.WaitFor([](const v1::WorkerMessage& m) { return IsAck(m, 0, 2); });
+  ASSERT_TRUE(second.has_value());
+  // The dropped gradients left no trace: the re-sent step computes the very same numbers.
+  for (int k = 0; k < kShards; ++k) {
+    EXPECT_EQ(second->ack().shards(k).weighted_loss_sum(),
+              first->ack().shards(k).weighted_loss_sum());
+  }
+  link_.Send(CommitMessage(0, 1, /*checkpoint=*/true));  // stale: ignored, nothing uploaded
+  link_.Send(CommitMessage(0, 2, false));
+  link_.Send(ShutdownMessage(/*finished=*/false));
+  ASSERT_TRUE(Join().ok()) << result_;
+  int acks = 0;
+  for (const auto& m : link_.Written()) acks += m.has_ack();
+  EXPECT_EQ(acks, 2);  // one per epoch: the stale microbatches were not computed
+  for (const auto& m : link_.Written()) EXPECT_FALSE(m.has_checkpoint());
+
+  // One step applied, not two.
+  auto [trainer, reference] = Reference();
+  for (const auto& b : batches_) reference->Loss(b, Gamma(), weight_sum).loss.backward();
+  trainer->ApplyWithLearningRate(kLearningRate);
+  auto want = reference->named_parameters();
+  for (const auto& p : session->drafter().named_parameters()) {
+    EXPECT_TRUE(torch::allclose(p.value(), want[p.key()], 1e-5, 1e-7)) << p.key();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("drafter")));  // not a finished job
+}
+
+TEST_F(WorkerSessionTest, TheEndOfTheStreamIsUnavailableSoTheWorkerJoinsAgain) {
+  auto session = NewSession();
+  ASSERT_NE(session, nullptr);
+  Start(*session);
+  link_.Send(ReformMessage(1, 0));
+  link_.Close();
+  absl::Status s = Join();
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("closed the Train stream"));
+}
+
+TEST_F(WorkerSessionTest, AMalformedMessageEndsTheSessionAndIsReported) {
+  auto session = NewSession();
+  ASSERT_NE(session, nullptr);
+  Start(*session);
+  link_.Send(ReformMessage(1, 0));
+  const char garbage[] = "\xff\xff\xff\xff";
+  grpc::Slice slice(garbage, 4);
+  link_.SendBuffer(grpc::ByteBuffer(&slice, 1));
+  absl::Status s = Join();
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  auto error = link_.WaitFor([](const v1::WorkerMessage& m) { return !m.error().empty(); });
+  ASSERT_TRUE(error.has_value());
+  EXPECT_THAT(error->error(), HasSubstr("malformed CoordinatorMessage"));
+}
+
+TEST_F(WorkerSessionTest, AShardLayoutThatIsNotTheJobsIsFatal) {
+  auto session = NewSession();
+  ASSERT_NE(session, nullptr);
+  Start(*session);
+  link_.Send(ReformMessage(1, 0));
+  SendStep(0, 1, 1.0, /*num_shards=*/3);
+  absl::Status s = Join();
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("shard layout"));
+  EXPECT_TRUE(link_.WaitFor([](const v1::WorkerMessage& m) { return !m.error().empty(); }));
+}
+
+TEST_F(WorkerSessionTest, StartingWeightsOfAnotherShapeAreRefused) {
+  SessionSetup setup;
+  setup.job = job_;
+  setup.drafter_config = config_;
+  setup.fetched = fetched_;
+  setup.fetched.erase(std::string(kDrafterWeightPrefix) + "fc.weight");
+  auto session = WorkerSession::Create(std::move(setup));
+  ASSERT_FALSE(session.ok());
+  EXPECT_THAT(std::string(session.status().message()), HasSubstr("drafter.fc.weight"));
+}
+
+// The inbox assembles microbatches from chunks and refuses a stream out of order.
+TEST(SessionInboxTest, ChunksOutsideAMicrobatchAreAnError) {
+  FakeLink link;
+  SessionInbox inbox;
+  link.Send(ReformMessage(3, 0));
+  link.SendBuffer(ChunkBuffers("x", torch::arange(10, torch::kInt64)).at(0));
+  link.Close();
+  inbox.ReadAll(link);
+  InboxItem reform = inbox.Pop();
+  EXPECT_EQ(reform.kind, InboxItem::kReform);
+  InboxItem error = inbox.Pop();
+  EXPECT_EQ(error.kind, InboxItem::kError);
+  EXPECT_THAT(error.text, HasSubstr("outside a microbatch"));
+  EXPECT_TRUE(inbox.stream_lost());
+  EXPECT_EQ(inbox.newest_epoch(), SessionInbox::kSessionOver);
+}
+
+TEST(SessionInboxTest, AssemblesAMicrobatchAndStopsAtTheShutdown) {
+  FakeLink link;
+  SessionInbox inbox;
+  link.Send(ReformMessage(2, 0));
+  v1::CoordinatorMessage m;
+  m.mutable_microbatch()->set_step(4);
+  m.mutable_microbatch()->set_num_tensors(1);
+  link.Send(m);
+  torch::Tensor t = torch::arange(1000, torch::kFloat32);
+  std::vector<grpc::ByteBuffer> buffers = ChunkBuffers("x", t);
+  EXPECT_GT(buffers.size(), 1u);
+  for (auto& b : buffers) link.SendBuffer(b);
+  link.Send(CommitMessage(4, 2, true));
+  link.Send(ShutdownMessage(true));
+  link.Send(ReformMessage(9, 0));  // after the Shutdown: never read
+  inbox.ReadAll(link);             // returns at the Shutdown, with the stream still open
+  EXPECT_EQ(inbox.Pop().kind, InboxItem::kReform);
+  InboxItem batch = inbox.Pop();
+  ASSERT_EQ(batch.kind, InboxItem::kBatch);
+  EXPECT_EQ(batch.step, 4u);
+  ASSERT_EQ(batch.tensors.count("x"), 1u);
+  EXPECT_TRUE(torch::equal(batch.tensors["x"], t));
+  InboxItem commit = inbox.Pop();
+  ASSERT_EQ(commit.kind, InboxItem::kCommit);
+  EXPECT_TRUE(commit.checkpoint);
+  EXPECT_EQ(commit.epoch, 2u);
+  InboxItem shutdown = inbox.Pop();
+  EXPECT_EQ(shutdown.kind, InboxItem::kShutdown);
+  EXPECT_TRUE(shutdown.job_finished);
+  EXPECT_FALSE(inbox.stream_lost());
+  EXPECT_EQ(inbox.newest_epoch(), SessionInbox::kSessionOver);
+}
+
+// --- The heartbeat thread's logic on a FakeClock ---
+
+struct MonitorHarness {
+  FakeClock clock;
+  SessionProgress progress;
+  std::vector<v1::WorkerMessage> sent;
+  bool stream_writable = true;
+  int stuck_calls = 0;
+  SessionMonitor monitor{clock, MonitorOptions{2.0, 300.0}, progress,
+                         [this](v1::WorkerMessage& m) {
+                           sent.push_back(m);
+                           return stream_writable;
+                         },
+                         [this] { ++stuck_calls; }};
+  int Count(bool (v1::WorkerMessage::*has)() const) const {
+    int n = 0;
+    for (const auto& m : sent) n += (m.*has)();
+    return n;
+  }
+};
+
+TEST(SessionMonitorTest, HeartbeatsEveryIntervalCarryTheTrainingThreadsProgress) {
+  MonitorHarness h;
+  h.progress.Enter("backward", 12, true);
+  h.monitor.Tick(false, false);
+  ASSERT_EQ(h.Count(&v1::WorkerMessage::has_heartbeat), 1);
+  const v1::Heartbeat& beat = h.sent.back().heartbeat();
+  EXPECT_EQ(beat.phase(), "backward");
+  EXPECT_EQ(beat.step(), 12u);
+  EXPECT_TRUE(beat.busy());
+  EXPECT_EQ(beat.progress(), h.progress.counter.load());
+  h.clock.Advance(1.9);
+  h.monitor.Tick(false, false);
+  EXPECT_EQ(h.Count(&v1::WorkerMessage::has_heartbeat), 1);
+  h.clock.Advance(0.2);
+  h.monitor.Tick(false, false);
+  EXPECT_EQ(h.Count(&v1::WorkerMessage::has_heartbeat), 2);
+}
+
+TEST(SessionMonitorTest, ALeaveRequestIsSentOnce) {
+  MonitorHarness h;
+  h.monitor.Tick(true, false);
+  h.monitor.Tick(true, false);
+  h.clock.Advance(10);
+  h.monitor.Tick(true, false);
+  ASSERT_EQ(h.Count(&v1::WorkerMessage::has_leave), 1);
+}
+
+TEST(SessionMonitorTest, AStuckTrainingThreadWithTheStreamGoneEndsTheProcess) {
+  MonitorHarness h;
+  h.stream_writable = false;
+  h.progress.Enter("forward", 3, true);
+  // Stuck, but the coordinator is still there: it decides (it declares the worker lost).
+  h.monitor.Tick(false, false);
+  h.clock.Advance(1000);
+  h.monitor.Tick(false, false);
+  EXPECT_EQ(h.stuck_calls, 0);
+  // The stream is gone: the stall counts from when that was seen.
+  h.monitor.Tick(false, true);
+  h.clock.Advance(299);
+  h.monitor.Tick(false, true);
+  EXPECT_EQ(h.stuck_calls, 0);
+  // Progress resets the count.
+  h.progress.Enter("backward", 3, true);
+  h.clock.Advance(2);
+  h.monitor.Tick(false, true);
+  h.clock.Advance(299);
+  h.monitor.Tick(false, true);
+  EXPECT_EQ(h.stuck_calls, 0);
+  h.clock.Advance(2);
+  h.monitor.Tick(false, true);
+  EXPECT_EQ(h.stuck_calls, 1);
+  h.clock.Advance(1000);
+  h.monitor.Tick(false, true);
+  EXPECT_EQ(h.stuck_calls, 1);  // once
+}
+
+TEST(SessionMonitorTest, AThreadWaitingForItsPeersIsNotStuck) {
+  MonitorHarness h;
+  h.progress.Enter("reduce", 3, false);
+  h.monitor.Tick(false, true);
+  h.clock.Advance(10000);
+  h.monitor.Tick(false, true);
+  EXPECT_EQ(h.stuck_calls, 0);
+}
+
+}  // namespace
+}  // namespace flashdraft
