@@ -22,6 +22,7 @@ drafter: {{num_hidden_layers: 2, block_size: 8, num_target_features: 2, max_anch
 data: {{source: shards, shards_dir: {work}/shards, max_seq_len: 128}}
 train: {{seed: 0, learning_rate: 0.003, max_steps: {steps}, global_batch_size: 8}}
 cluster: {{listen: '{listen}', max_workers: 3}}
+security: {{insecure: true}}
 checkpoint: {{every_steps: 0}}
 metrics: {{enabled: false}}
 """

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/job_config.h"
+#include "common/security.h"
 
 namespace flashdraft {
 namespace {
@@ -81,9 +82,8 @@ int Launch(const LaunchOptions& o) {
   if (o.workers < 1) return fail(absl::StrCat("--workers must be >= 1, got ", o.workers));
   absl::StatusOr<JobConfig> job = LoadJobConfig(o.job_path);
   if (!job.ok()) return fail(std::string(job.status().message()));
-  for (const std::string& ov : o.overrides) {
-    absl::Status s = ApplyOverride(*job, ov);
-    if (!s.ok()) return fail(std::string(s.message()));
+  if (absl::Status s = ApplyOverrides(*job, o.overrides); !s.ok()) {
+    return fail(std::string(s.message()));
   }
   if (!o.out_dir.empty()) job->output_dir = o.out_dir;
   // Up to N workers; the job goes on (elastically) down to its min_workers.
@@ -94,6 +94,24 @@ int Launch(const LaunchOptions& o) {
           ValidateJobConfig(*job, absl::StrCat(o.job_path, " with --workers ", o.workers));
       !s.ok()) {
     return fail(std::string(s.message()));
+  }
+  // The workers' TLS files and job secret (paths only) from the job's security section.
+  const ClientSecurity client = ClientSecurityFor(job->security);
+  if (client.tls() && job->security.client_auth && client.tls_cert.empty()) {
+    return fail(absl::StrCat(o.job_path,
+                             ": mutual TLS (security.tls_ca with client_auth) needs "
+                             "security.client_cert and security.client_key for the workers launch "
+                             "starts"));
+  }
+  std::vector<std::string> worker_security;
+  for (const auto& [flag, value] : {std::pair<const char*, std::string>{"--tls-ca", client.tls_ca},
+                                    {"--tls-cert", client.tls_cert},
+                                    {"--tls-key", client.tls_key},
+                                    {"--tls-server-name", client.server_name},
+                                    {"--token-file", client.token_file}}) {
+    if (value.empty()) continue;
+    worker_security.push_back(flag);
+    worker_security.push_back(value);
   }
   std::error_code ec;
   std::filesystem::create_directories(job->output_dir + "/logs", ec);
@@ -204,9 +222,10 @@ int Launch(const LaunchOptions& o) {
     }
   }
   for (int r = 0; r < o.workers; ++r) {
-    if (add_child(absl::StrCat("worker-", r),
-                  {worker_bin, "--coordinator", absl::StrCat("127.0.0.1:", port), "--id",
-                   absl::StrCat("worker-", r)}) == nullptr) {
+    std::vector<std::string> argv = {worker_bin, "--coordinator", absl::StrCat("127.0.0.1:", port),
+                                     "--id", absl::StrCat("worker-", r)};
+    argv.insert(argv.end(), worker_security.begin(), worker_security.end());
+    if (add_child(absl::StrCat("worker-", r), argv) == nullptr) {
       signal_all(SIGTERM);
       return fail("cannot start a worker");
     }

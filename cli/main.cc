@@ -12,11 +12,13 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cli/launch.h"
 #include "cli/make_shards.h"
 #include "cli/make_tiny_target.h"
 #include "cli/prepare.h"
+#include "cli/security_flags.h"
 #include "cli/train_synthetic.h"
 #include "common/crc32c.h"
 #include "common/job_config.h"
@@ -45,10 +47,30 @@ absl::Status ParseLayerIds(const std::string& text, std::vector<int>& out) {
   return absl::OkStatus();
 }
 
+// A failed call to the coordinator at `address`, said plainly.
+absl::Status CallFailed(const std::string& address, const grpc::Status& s) {
+  if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("the coordinator at ", address, " ", s.error_message(), " (--token-file)"));
+  }
+  return absl::UnavailableError(
+      absl::StrCat("no coordinator answering at ", address, ": ", s.error_message()));
+}
+
+// The client security of `status`: the flags, or with --job the job file's security section.
+absl::StatusOr<ClientSecurity> StatusSecurity(const std::string& job_path,
+                                              const ClientSecurity& flags) {
+  if (job_path.empty()) return flags;
+  absl::StatusOr<JobConfig> job = LoadJobConfig(job_path);
+  if (!job.ok()) return job.status();
+  return ClientSecurityFor(job->security);
+}
+
 // `flashdraft status ADDR --drain WORKER`: WORKER is a rank of the current epoch or a worker id.
-int Drain(const std::string& address, const std::string& worker) {
-  auto stub =
-      v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+int Drain(const std::string& address, const ClientSecurity& security, const std::string& worker) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateSecureChannel(address, security);
+  if (!channel.ok()) return Fail(channel.status());
+  auto stub = v1::Coordinator::NewStub(*channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::DrainRequest request;
@@ -60,27 +82,22 @@ int Drain(const std::string& address, const std::string& worker) {
   }
   v1::DrainReply reply;
   grpc::Status s = stub->Drain(&ctx, request, &reply);
-  if (!s.ok()) {
-    return Fail(absl::UnavailableError("no coordinator answering at " + address + ": " +
-                                       s.error_message()));
-  }
+  if (!s.ok()) return Fail(CallFailed(address, s));
   if (!reply.accepted())
     return Fail(absl::NotFoundError("--drain " + worker + ": " + reply.message()));
   std::printf("%s\n", reply.message().c_str());
   return 0;
 }
 
-int PrintStatus(const std::string& address) {
-  auto stub =
-      v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+int PrintStatus(const std::string& address, const ClientSecurity& security) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateSecureChannel(address, security);
+  if (!channel.ok()) return Fail(channel.status());
+  auto stub = v1::Coordinator::NewStub(*channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::StatusReply reply;
   grpc::Status s = stub->Status(&ctx, v1::StatusRequest(), &reply);
-  if (!s.ok()) {
-    return Fail(absl::UnavailableError("no coordinator answering at " + address + ": " +
-                                       s.error_message()));
-  }
+  if (!s.ok()) return Fail(CallFailed(address, s));
   std::printf("state %s  step %llu/%llu  workers %u  epoch %llu  loss %.4f  tau %.3f\n",
               reply.state().c_str(), static_cast<unsigned long long>(reply.step()),
               static_cast<unsigned long long>(reply.total_steps()), reply.world_size(),
@@ -98,10 +115,7 @@ int PrintStatus(const std::string& address) {
 int ConfigCheck(const std::string& path, const std::vector<std::string>& overrides) {
   absl::StatusOr<JobConfig> config = LoadJobConfig(path);
   if (!config.ok()) return Fail(config.status());
-  for (const std::string& o : overrides) {
-    absl::Status s = ApplyOverride(*config, o);
-    if (!s.ok()) return Fail(s);
-  }
+  if (absl::Status s = ApplyOverrides(*config, overrides); !s.ok()) return Fail(s);
   std::cout << "# " << path << ": valid\n" << JobConfigToYaml(*config);
   return 0;
 }
@@ -288,6 +302,12 @@ int main(int argc, char** argv) {
   status->add_option("--drain", drain_worker,
                      "make this worker (a rank of the current epoch, or a worker id) leave at "
                      "the next step boundary");
+  flashdraft::ClientSecurity status_security;
+  flashdraft::AddClientSecurityFlags(*status, status_security);
+  std::string status_job;
+  status->add_option("--job", status_job,
+                     "take the TLS files and the job secret from this job file's security "
+                     "section (client_cert/client_key, tls_ca, server_name, token_file)");
 
   app.add_subcommand("version", "Print the version");
 
@@ -309,8 +329,11 @@ int main(int argc, char** argv) {
     return flashdraft::Launch(launch_options);
   }
   if (status->parsed()) {
-    if (!drain_worker.empty()) return flashdraft::Drain(status_address, drain_worker);
-    return flashdraft::PrintStatus(status_address);
+    absl::StatusOr<flashdraft::ClientSecurity> security =
+        flashdraft::StatusSecurity(status_job, status_security);
+    if (!security.ok()) return flashdraft::Fail(security.status());
+    if (!drain_worker.empty()) return flashdraft::Drain(status_address, *security, drain_worker);
+    return flashdraft::PrintStatus(status_address, *security);
   }
   if (prepare->parsed()) {
     if (absl::Status s = flashdraft::ParseLayerIds(prepare_layers, prepare_options.layer_ids);

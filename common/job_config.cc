@@ -8,6 +8,7 @@
 #include <set>
 #include <type_traits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -228,7 +229,12 @@ const std::vector<Field>& Fields() {
       FD_FIELD(security, tls_cert, std::string),
       FD_FIELD(security, tls_key, std::string),
       FD_FIELD(security, tls_ca, std::string),
+      FD_FIELD(security, client_auth, bool),
+      FD_FIELD(security, client_cert, std::string),
+      FD_FIELD(security, client_key, std::string),
+      FD_FIELD(security, server_name, std::string),
       FD_FIELD(security, token_file, std::string),
+      FD_FIELD(security, insecure, bool),
   };
   return fields;
 }
@@ -345,7 +351,36 @@ absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
   if (!c.security.tls_ca.empty() && c.security.tls_cert.empty()) {
     return Invalid(source, "security.tls_ca", "needs security.tls_cert and security.tls_key");
   }
+  if (c.security.client_cert.empty() != c.security.client_key.empty()) {
+    return Invalid(source,
+                   c.security.client_cert.empty() ? "security.client_cert" : "security.client_key",
+                   "must be set together with the other");
+  }
+  if (!c.security.client_cert.empty() && c.security.tls_cert.empty()) {
+    return Invalid(source, "security.client_cert", "needs security.tls_cert and security.tls_key");
+  }
+  // Secure by default: a port other hosts can reach needs TLS and the job secret.
+  if (!IsLoopbackListen(c.cluster.listen) && !c.security.insecure &&
+      (c.security.tls_cert.empty() || c.security.token_file.empty())) {
+    return Invalid(
+        source, "cluster.listen",
+        absl::StrCat("'", c.cluster.listen,
+                     "' accepts connections from other hosts, which needs TLS and a job secret: "
+                     "set security.tls_cert, security.tls_key and security.token_file "
+                     "(deploy/make-certs.sh makes them; docs/SECURITY.md), or "
+                     "security.insecure: true on a network you trust completely"));
+  }
   return absl::OkStatus();
+}
+
+bool IsLoopbackListen(const std::string& listen) {
+  std::string host = listen;
+  if (absl::StartsWith(host, "[")) {  // [v6]:port
+    host = host.substr(1, host.find(']') == std::string::npos ? 0 : host.find(']') - 1);
+  } else if (size_t colon = host.rfind(':'); colon != std::string::npos) {
+    host = host.substr(0, colon);
+  }
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
 }
 
 std::string JobFingerprint(const JobConfig& c) {
@@ -421,31 +456,34 @@ absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
   return ParseJobConfig(text, path);
 }
 
-absl::Status ApplyOverride(JobConfig& config, const std::string& assignment) {
-  const size_t eq = assignment.find('=');
-  if (eq == std::string::npos || eq == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("override '", assignment, "' must look like section.field=value"));
-  }
-  const std::string path = assignment.substr(0, eq);
-  const std::string text = assignment.substr(eq + 1);
-  std::vector<std::string> parts = absl::StrSplit(path, '.');
-  const Field* f = nullptr;
-  if (parts.size() == 1) f = FindField("", parts[0]);
-  if (parts.size() == 2) f = FindField(parts[0], parts[1]);
-  if (f == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("override '", assignment, "': unknown field '", path, "'"));
-  }
-  YAML::Node node;
-  try {
-    node = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("override '", assignment, "': value is not valid YAML: ", e.what()));
-  }
+absl::Status ApplyOverrides(JobConfig& config, const std::vector<std::string>& assignments) {
   JobConfig updated = config;
-  FD_RETURN_IF_ERROR(f->set(updated, node, "override"));
+  for (const std::string& assignment : assignments) {
+    const size_t eq = assignment.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("override '", assignment, "' must look like section.field=value"));
+    }
+    const std::string path = assignment.substr(0, eq);
+    const std::string text = assignment.substr(eq + 1);
+    std::vector<std::string> parts = absl::StrSplit(path, '.');
+    const Field* f = nullptr;
+    if (parts.size() == 1) f = FindField("", parts[0]);
+    if (parts.size() == 2) f = FindField(parts[0], parts[1]);
+    if (f == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("override '", assignment, "': unknown field '", path, "'"));
+    }
+    YAML::Node node;
+    try {
+      node = YAML::Load(text);
+    } catch (const YAML::Exception& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("override '", assignment, "': value is not valid YAML: ", e.what()));
+    }
+    FD_RETURN_IF_ERROR(f->set(updated, node, "override"));
+  }
+  // Validated together: fields that go in pairs (tls_cert and tls_key) may come in two overrides.
   FD_RETURN_IF_ERROR(ValidateJobConfig(updated, "override"));
   config = std::move(updated);
   return absl::OkStatus();

@@ -113,11 +113,29 @@ struct MetricsConfig {
   std::string listen = "127.0.0.1:0";
 };
 
+// docs/SECURITY.md. Paths are read once, at start.
 struct SecurityConfig {
+  // The coordinator's certificate (chain) and private key, PEM: its gRPC port speaks TLS.
   std::string tls_cert;
   std::string tls_key;
-  std::string tls_ca;  // set: clients must present a certificate signed by it (mutual TLS)
+  // The CA (PEM) that signed the coordinator's certificate: clients (launch's workers, `status
+  // --job`) verify the coordinator with it, and with client_auth the coordinator requires client
+  // certificates signed by it (mutual TLS).
+  std::string tls_ca;
+  bool client_auth = true;
+  // The client certificate and key that `flashdraft launch` gives its workers (and `flashdraft
+  // status --job` presents) under mutual TLS.
+  std::string client_cert;
+  std::string client_key;
+  // The name the coordinator's certificate carries, when clients reach it by an address that is
+  // not in the certificate (an IP, 127.0.0.1 under launch). Empty: the address's host.
+  std::string server_name;
+  // The job secret: every RPC must carry it (a bearer token, compared in constant time). The file
+  // must not be readable by others.
   std::string token_file;
+  // Allow a cluster.listen reachable from other hosts without TLS and a token (a network you trust
+  // completely). Logged as a warning and shown in /metrics (flashdraft_build_info{security}).
+  bool insecure = false;
 };
 
 struct JobConfig {
@@ -137,11 +155,15 @@ struct JobConfig {
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::string& source);
 absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
 
-// Applies one override "section.field=value" (command-line flags), validated like the file.
-absl::Status ApplyOverride(JobConfig& config, const std::string& assignment);
+// Applies overrides "section.field=value" (command-line flags), then validates the result like
+// the file; nothing changes on an error.
+absl::Status ApplyOverrides(JobConfig& config, const std::vector<std::string>& assignments);
 
 // Checks cross-field rules (also run by the loaders).
 absl::Status ValidateJobConfig(const JobConfig& config, const std::string& source);
+
+// True when `listen` (host:port) only accepts connections from this host: 127.x, ::1 or localhost.
+bool IsLoopbackListen(const std::string& listen);
 
 // The number of virtual shards per step (train.virtual_shards after its default), or 0 when the
 // job sums with the plain all-reduce (one shard per worker).

@@ -134,6 +134,14 @@ TEST(JobConfigTest, BadInputNamesFileFieldAndValue) {
        "field 'target.path' must be set when data.source is 'target'"},
       {"tls half", base + "security: {tls_cert: /c.pem}\n",
        "field 'security.tls_key' must be set together"},
+      {"client cert half", base + "security: {client_key: /w.key}\n",
+       "field 'security.client_cert' must be set together"},
+      {"public plaintext", base + "cluster: {listen: '0.0.0.0:7600'}\n",
+       "field 'cluster.listen' '0.0.0.0:7600' accepts connections from other hosts, which needs "
+       "TLS and a job secret"},
+      {"public without token",
+       base + "cluster: {listen: '10.0.0.5:7600'}\nsecurity: {tls_cert: /c, tls_key: /k}\n",
+       "security.token_file"},
       {"heartbeat",
        base + "cluster: {heartbeat_interval_seconds: 5, heartbeat_timeout_seconds: 5}\n",
        "field 'cluster.heartbeat_timeout_seconds' = 5 must exceed"},
@@ -147,6 +155,21 @@ TEST(JobConfigTest, BadInputNamesFileFieldAndValue) {
   }
 }
 
+TEST(JobConfigTest, OnlyLoopbackListensGoWithoutTlsAndAToken) {
+  for (const char* listen : {"127.0.0.1:0", "127.0.1.1:7600", "localhost:7600", "[::1]:7600"}) {
+    EXPECT_TRUE(IsLoopbackListen(listen)) << listen;
+  }
+  for (const char* listen : {"0.0.0.0:7600", "[::]:7600", "10.0.0.5:7600", "node1:7600",
+                             "[::ffff:127.0.0.1]:1", "localhost.evil:7600"}) {
+    EXPECT_FALSE(IsLoopbackListen(listen)) << listen;
+  }
+  const std::string base = "data: {shards_dir: /d}\ncluster: {listen: '0.0.0.0:7600'}\n";
+  EXPECT_TRUE(ParseJobConfig(base + "security: {insecure: true}\n", "job.yaml").ok());
+  EXPECT_TRUE(
+      ParseJobConfig(base + "security: {tls_cert: /c, tls_key: /k, token_file: /t}\n", "job.yaml")
+          .ok());
+}
+
 TEST(JobConfigTest, MissingFileIsNamed) {
   auto config = LoadJobConfig("/nonexistent/job.yaml");
   ASSERT_FALSE(config.ok());
@@ -156,20 +179,26 @@ TEST(JobConfigTest, MissingFileIsNamed) {
 TEST(JobConfigTest, OverridesAreValidated) {
   auto config = ParseJobConfig(kMinimal, "job.yaml");
   ASSERT_TRUE(config.ok());
-  ASSERT_TRUE(ApplyOverride(*config, "train.learning_rate=3e-4").ok());
+  ASSERT_TRUE(ApplyOverrides(*config, {"train.learning_rate=3e-4"}).ok());
   EXPECT_DOUBLE_EQ(config->train.learning_rate, 3e-4);
-  ASSERT_TRUE(ApplyOverride(*config, "output_dir=/tmp/run").ok());
+  ASSERT_TRUE(ApplyOverrides(*config, {"output_dir=/tmp/run"}).ok());
   EXPECT_EQ(config->output_dir, "/tmp/run");
-  ASSERT_TRUE(ApplyOverride(*config, "target.layer_ids=[1,2,3,4,5]").ok());
+  ASSERT_TRUE(ApplyOverrides(*config, {"target.layer_ids=[1,2,3,4,5]"}).ok());
   EXPECT_EQ(config->target.layer_ids.size(), 5u);
-  EXPECT_THAT(ApplyOverride(*config, "train.nope=1").message(),
+  EXPECT_THAT(ApplyOverrides(*config, {"train.nope=1"}).message(),
               HasSubstr("unknown field 'train.nope'"));
-  EXPECT_THAT(ApplyOverride(*config, "train.seed").message(),
+  EXPECT_THAT(ApplyOverrides(*config, {"train.seed"}).message(),
               HasSubstr("must look like section.field=value"));
-  EXPECT_THAT(ApplyOverride(*config, "cluster.min_workers=0").message(),
+  EXPECT_THAT(ApplyOverrides(*config, {"cluster.min_workers=0"}).message(),
               HasSubstr("field 'cluster.min_workers' = 0 must be in [1, 100000]"));
   // A refused override leaves the config as it was.
   EXPECT_EQ(config->cluster.min_workers, 1);
+  // Fields that go in pairs are validated together, not one override at a time.
+  EXPECT_THAT(ApplyOverrides(*config, {"security.tls_cert=/c.pem"}).message(),
+              HasSubstr("security.tls_key"));
+  EXPECT_TRUE(
+      ApplyOverrides(*config, {"security.tls_cert=/c.pem", "security.tls_key=/c.key"}).ok());
+  EXPECT_EQ(config->security.tls_key, "/c.key");
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "common/chunk_wire.h"
 #include "common/file_util.h"
 #include "common/grpc_options.h"
+#include "common/security.h"
 #include "common/shard_tree.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
@@ -75,6 +76,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   std::unique_ptr<Coordinator> c(new Coordinator());
   c->job_ = std::move(job);
   const JobConfig& j = c->job_;
+  FD_ASSIGN_OR_RETURN(c->security_, ServerSecurity::Create(j.security, *c->clock_));
   FD_ASSIGN_OR_RETURN(SourceBundle bundle, open_source ? open_source(j) : OpenShardSource(j));
   c->source_ = std::move(bundle.source);
   FD_ASSIGN_OR_RETURN(c->drafter_config_,
@@ -117,8 +119,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   c->warmup_steps_ = static_cast<int64_t>(std::llround(j.train.warmup_ratio * c->total_steps_));
   std::error_code ec;
   std::filesystem::create_directories(j.output_dir, ec);
-  c->metrics_ = std::make_unique<CoordinatorMetrics>(j.cluster.backend, c->total_steps_,
-                                                     j.drafter.block_size);
+  c->metrics_ = std::make_unique<CoordinatorMetrics>(
+      j.cluster.backend, c->total_steps_, j.drafter.block_size, c->security_->description());
   c->checkpoints_ = std::make_unique<CheckpointStore>(
       j.checkpoint.dir.empty() ? j.output_dir + "/checkpoints" : j.checkpoint.dir,
       j.checkpoint.keep_last, JobFingerprint(j));
@@ -157,18 +159,30 @@ Coordinator::~Coordinator() {
 absl::Status Coordinator::Start() {
   service_ = NewCoordinatorService(this);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(job_.cluster.listen, grpc::InsecureServerCredentials(), &port_);
+  builder.AddListeningPort(job_.cluster.listen, security_->credentials(), &port_);
   ConfigureServer(builder);
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", job_.cluster.listen));
   }
+  const bool loopback = IsLoopbackListen(job_.cluster.listen);
+  LOG(INFO) << "gRPC on " << job_.cluster.listen << ", port " << port_
+            << (loopback ? " (this host only)" : "") << "; security: " << security_->description();
+  if (!loopback && job_.security.insecure &&
+      (job_.security.tls_cert.empty() || job_.security.token_file.empty())) {
+    LOG(WARNING) << "INSECURE (security.insecure: true): anyone who reaches port " << port_
+                 << " can join the job, read the target's and the drafter's weights and feed it "
+                    "data";
+  }
   if (job_.metrics.enabled) {
     FD_ASSIGN_OR_RETURN(const int metrics_port, metrics_->Serve(job_.metrics.listen));
     FD_RETURN_IF_ERROR(
         WriteFileAtomically(job_.output_dir + "/metrics.port", absl::StrCat(metrics_port, "\n")));
-    LOG(INFO) << "metrics on port " << metrics_port << " (/metrics)";
+    LOG(INFO) << "metrics on port " << metrics_port << " (/metrics"
+              << (IsLoopbackListen(job_.metrics.listen)
+                      ? ", this host only)"
+                      : ", plain HTTP without authentication: keep it on a private network)");
   }
   return absl::OkStatus();
 }

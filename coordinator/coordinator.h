@@ -20,6 +20,7 @@
 #include "common/clock.h"
 #include "common/job_config.h"
 #include "common/safetensors.h"
+#include "common/security.h"
 #include "coordinator/checkpoint.h"
 #include "coordinator/checkpoint_upload.h"
 #include "coordinator/membership.h"
@@ -108,6 +109,8 @@ class Coordinator {
   void OnCheckpointUpload(const std::string& token, const v1::CheckpointUpload& upload);
   void OnCheckpointChunk(const std::string& token, const v1::TensorChunk& chunk);
   RendezvousStore& store() { return store_; }
+  // TLS credentials and the job secret every RPC must carry (security section, read at Create).
+  ServerSecurity& security() { return *security_; }
   const SafetensorsModel& target() const { return *target_; }
   // Shared with gRPC slices that point into the mapped file while they are in flight.
   // What FetchTensors streams for `names` (empty: everything a worker starts from), or the error
@@ -180,6 +183,7 @@ class Coordinator {
   std::thread checkpoint_thread_;      // the checkpoint being taken (Run's thread starts/joins it)
 
   const Clock* clock_ = &RealClock::Get();
+  std::unique_ptr<ServerSecurity> security_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unique_ptr<Membership> membership_ ABSL_GUARDED_BY(mu_);

@@ -65,10 +65,7 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<flashdraft::JobConfig> job = flashdraft::LoadJobConfig(job_path);
   if (!job.ok()) return Fail(job.status());
-  for (const std::string& o : overrides) {
-    absl::Status s = flashdraft::ApplyOverride(*job, o);
-    if (!s.ok()) return Fail(s);
-  }
+  if (absl::Status s = flashdraft::ApplyOverrides(*job, overrides); !s.ok()) return Fail(s);
   auto coordinator = flashdraft::Coordinator::Create(
       *job, flashdraft::WriteInitialWeights,
       [](const flashdraft::JobConfig& j) -> absl::StatusOr<flashdraft::SourceBundle> {

@@ -18,7 +18,7 @@ prometheus::Histogram::BucketBoundaries SecondsBuckets() {
 }  // namespace
 
 CoordinatorMetrics::CoordinatorMetrics(const std::string& backend, int64_t total_steps,
-                                       int block_size)
+                                       int block_size, const std::string& security)
     : registry_(std::make_shared<prometheus::Registry>()) {
   // The registry merges families of one name: each call adds one labelled series.
   prometheus::Registry& r = *registry_;
@@ -36,7 +36,10 @@ CoordinatorMetrics::CoordinatorMetrics(const std::string& backend, int64_t total
                                                                               SecondsBuckets());
   };
   gauge("flashdraft_build_info", "Always 1; the labels say which build runs",
-        {{"version", FLASHDRAFT_VERSION}, {"commit", FLASHDRAFT_COMMIT}, {"backend", backend}})
+        {{"version", FLASHDRAFT_VERSION},
+         {"commit", FLASHDRAFT_COMMIT},
+         {"backend", backend},
+         {"security", security}})
       .Set(1);
   step_ = &gauge("flashdraft_step", "Committed training steps");
   gauge("flashdraft_steps", "Training steps of the job").Set(static_cast<double>(total_steps));

@@ -22,8 +22,9 @@ struct StepRecord;
 
 class CoordinatorMetrics {
  public:
-  // `backend`: the collective backend label of flashdraft_build_info.
-  CoordinatorMetrics(const std::string& backend, int64_t total_steps, int block_size);
+  // `backend` and `security` (ServerSecurity::description()): labels of flashdraft_build_info.
+  CoordinatorMetrics(const std::string& backend, int64_t total_steps, int block_size,
+                     const std::string& security = "");
 
   // Serves /metrics on `listen` ("host:port", port 0 picks one); returns the bound port.
   absl::StatusOr<int> Serve(const std::string& listen);

@@ -73,6 +73,16 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 // Train and FetchTensors are raw methods (ByteBuffers) so that tensor bytes are never copied into
 // or out of protobuf messages; the bytes on the wire are the same protobuf encoding.
+//
+// Every method first checks the job secret (ServerSecurity::Authenticate).
+
+// A streaming call ended at once with `status`.
+template <typename Reactor>
+struct Refusal : Reactor {
+  explicit Refusal(grpc::Status status) { this->Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
 class CoordinatorServiceImpl
     : public v1::Coordinator::WithCallbackMethod_Join<v1::Coordinator::WithRawCallbackMethod_Train<
           v1::Coordinator::WithRawCallbackMethod_FetchTensors<
@@ -83,23 +93,24 @@ class CoordinatorServiceImpl
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* request,
                                  v1::JoinReply* reply) override {
-    c_->Join(*request, reply);
     auto* reactor = ctx->DefaultReactor();
+    if (Refused(*ctx, reactor)) return reactor;
+    c_->Join(*request, reply);
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Train(
-      grpc::CallbackServerContext*) override {
+      grpc::CallbackServerContext* ctx) override {
+    using Refuse = Refusal<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>;
+    if (grpc::Status s = c_->security().Authenticate(*ctx); !s.ok()) return new Refuse(s);
     return new TrainSession(c_);
   }
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchTensors(
-      grpc::CallbackServerContext*, const grpc::ByteBuffer* request_bytes) override {
-    struct Refuse : grpc::ServerWriteReactor<grpc::ByteBuffer> {
-      explicit Refuse(grpc::Status status) { Finish(std::move(status)); }
-      void OnDone() override { delete this; }
-    };
+      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request_bytes) override {
+    using Refuse = Refusal<grpc::ServerWriteReactor<grpc::ByteBuffer>>;
+    if (grpc::Status s = c_->security().Authenticate(*ctx); !s.ok()) return new Refuse(s);
     v1::FetchTensorsRequest request;
     if (!BufferToMessage(*request_bytes, &request)) {
       return new Refuse(
@@ -116,8 +127,9 @@ class CoordinatorServiceImpl
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest*,
                                    v1::StatusReply* reply) override {
-    c_->FillStatus(reply);
     auto* reactor = ctx->DefaultReactor();
+    if (Refused(*ctx, reactor)) return reactor;
+    c_->FillStatus(reply);
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
@@ -125,6 +137,7 @@ class CoordinatorServiceImpl
   grpc::ServerUnaryReactor* Store(grpc::CallbackServerContext* ctx, const v1::StoreRequest* req,
                                   v1::StoreReply* reply) override {
     auto* reactor = ctx->DefaultReactor();
+    if (Refused(*ctx, reactor)) return reactor;
     if (!c_->ValidToken(req->session_token())) {
       reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown session token"));
       return reactor;
@@ -162,13 +175,22 @@ class CoordinatorServiceImpl
 
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* ctx, const v1::DrainRequest* request,
                                   v1::DrainReply* reply) override {
-    c_->Drain(*request, reply);
     auto* reactor = ctx->DefaultReactor();
+    if (Refused(*ctx, reactor)) return reactor;
+    c_->Drain(*request, reply);
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
 
  private:
+  // A call without the job secret is finished here with UNAUTHENTICATED (true).
+  bool Refused(grpc::CallbackServerContext& ctx, grpc::ServerUnaryReactor* reactor) {
+    grpc::Status s = c_->security().Authenticate(ctx);
+    if (s.ok()) return false;
+    reactor->Finish(std::move(s));
+    return true;
+  }
+
   Coordinator* c_;
 };
 

@@ -14,6 +14,13 @@ echo
 echo "== flashdraft make-tiny-target --out runs/tiny-target"
 build/bin/flashdraft make-tiny-target --out runs/tiny-target
 echo
-echo "== flashdraft launch deploy/examples/demo.yaml --workers 2"
+echo "== deploy/make-certs.sh runs/demo-pki   (a throwaway CA, certificates and job secret)"
+deploy/make-certs.sh runs/demo-pki
+pki=runs/demo-pki
+echo
+echo "== flashdraft launch deploy/examples/demo.yaml --workers 2   (mutual TLS + job secret)"
 rm -rf runs/demo  # a fresh run each time (an earlier run's checkpoints would be refused)
-build/bin/flashdraft launch deploy/examples/demo.yaml --workers 2
+build/bin/flashdraft launch deploy/examples/demo.yaml --workers 2 \
+  --set security.tls_cert=$pki/coordinator.pem --set security.tls_key=$pki/coordinator.key \
+  --set security.tls_ca=$pki/ca.pem --set security.client_cert=$pki/worker.pem \
+  --set security.client_key=$pki/worker.key --set security.token_file=$pki/token

@@ -15,6 +15,8 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   # Abseil, logging, metrics, config, JSON, CLI
   libabsl-dev libgoogle-glog-dev prometheus-cpp-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
+  # TLS: certificate checks at start (libssl-dev) and deploy/make-certs.sh (openssl)
+  libssl-dev openssl
   # Unicode normalization and character properties for the tokenizer
   libicu-dev
   # tests and benchmarks

@@ -63,10 +63,24 @@ class DistributedTest : public ::testing::Test {
     ASSERT_TRUE(WriteFileAtomically(dir_->Join("job.yaml"),
                                     JobYaml(dir_->Join("shards"), dir_->Join("run"), 30))
                     .ok());
+    // The 2-worker run is secured as docs/SECURITY.md says: mutual TLS and the job secret, with
+    // certificates from deploy/make-certs.sh (its numbers must still be the other runs').
+    const std::string pki = dir_->Join("pki");
+    r = RunCommand(absl::StrCat(FLASHDRAFT_SOURCE_DIR, "/deploy/make-certs.sh ", pki));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ASSERT_TRUE(WriteFileAtomically(
+                    dir_->Join("job-secure.yaml"),
+                    absl::StrCat(JobYaml(dir_->Join("shards"), dir_->Join("run"), 30),
+                                 "security: {tls_cert: ", pki, "/coordinator.pem, tls_key: ", pki,
+                                 "/coordinator.key, tls_ca: ", pki, "/ca.pem, client_cert: ", pki,
+                                 "/worker.pem, client_key: ", pki, "/worker.key, token_file: ", pki,
+                                 "/token}\n"))
+                    .ok());
     for (int workers : {1, 2, 3}) {
-      auto run = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir_->Join("job.yaml"),
-                                         " --workers ", workers, " --out ",
-                                         dir_->Join(absl::StrCat("run", workers))));
+      const char* job = workers == 2 ? "job-secure.yaml" : "job.yaml";
+      auto run =
+          RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir_->Join(job), " --workers ",
+                                  workers, " --out ", dir_->Join(absl::StrCat("run", workers))));
       outputs_[workers] = run.output;
       exit_codes_[workers] = run.exit_code;
     }
@@ -86,6 +100,7 @@ TEST_F(DistributedTest, TwoWorkerProcessesTrainAndTheLossFalls) {
   EXPECT_THAT(outputs_[2], HasSubstr("[coordinator]"));
   EXPECT_THAT(outputs_[2], HasSubstr("[worker-1   ] "));
   EXPECT_THAT(outputs_[2], HasSubstr("job finished: 30 steps"));
+  EXPECT_THAT(outputs_[2], HasSubstr("security: mutual TLS, job token"));
   auto steps = ReadSteps(dir_->Join("run2/steps.jsonl"));
   ASSERT_EQ(steps.size(), 30u);
   double first = 0, last = 0;
@@ -187,51 +202,10 @@ TEST_F(DistributedTest, ResumesExactlyFromACheckpoint) {
   EXPECT_THAT(run.output, HasSubstr("step-00000020/model.safetensors: CRC-32C"));
 }
 
-// A coordinator process on port 0 for protocol-level tests.
-class CoordinatorProcess {
- public:
-  explicit CoordinatorProcess(const std::string& job) {
-    port_file_ = job + ".port";
-    // An earlier coordinator's port file would point at a port nobody listens on any more.
-    std::filesystem::remove(port_file_);
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int devnull = open("/dev/null", O_WRONLY);
-      dup2(devnull, STDERR_FILENO);
-      execl((kBin + "/flashdraft-coordinator").c_str(), "flashdraft-coordinator", "--job",
-            job.c_str(), "--port-file", port_file_.c_str(), nullptr);
-      _exit(127);
-    }
-    for (int i = 0; i < 600 && port_ == 0; ++i) {
-      std::ifstream in(port_file_);
-      if (!(in >> port_)) port_ = 0;
-      if (port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  }
-  ~CoordinatorProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  // Sends SIGTERM and returns the exit code.
-  int Terminate() {
-    kill(pid_, SIGTERM);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  int port() const { return port_; }
-
- private:
-  pid_t pid_ = -1;
-  int port_ = 0;
-  std::string port_file_;
-};
+using ::flashdraft::testing::CoordinatorProcess;
 
 TEST_F(DistributedTest, JoinRefusesOtherProtocolVersionsAndModelShapes) {
-  CoordinatorProcess coordinator(dir_->Join("job.yaml"));
+  CoordinatorProcess coordinator(kBin, dir_->Join("job.yaml"));
   ASSERT_GT(coordinator.port(), 0);
   auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
       absl::StrCat("127.0.0.1:", coordinator.port()), grpc::InsecureChannelCredentials()));
@@ -291,7 +265,7 @@ TEST_F(DistributedTest, JoinRefusesOtherProtocolVersionsAndModelShapes) {
 // FetchTensors gives a joined worker the frozen target tensors and the drafter's starting weights
 // (the file the coordinator wrote, byte for byte, as "drafter." + name); unknown names are refused.
 TEST_F(DistributedTest, FetchTensorsServesFrozenTensorsAndStartingWeights) {
-  CoordinatorProcess coordinator(dir_->Join("job.yaml"));
+  CoordinatorProcess coordinator(kBin, dir_->Join("job.yaml"));
   ASSERT_GT(coordinator.port(), 0);
   auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
       absl::StrCat("127.0.0.1:", coordinator.port()), grpc::InsecureChannelCredentials()));

@@ -444,8 +444,10 @@ TEST_F(ElasticTest, AWorkerWhoseNetworkIsCutIsLostAfterTheHeartbeatTimeout) {
     GTEST_SKIP() << "needs /usr/sbin/ip, netns and veth links: " << ns.error();
   const std::string out = dir_->Join("network-cut");
   std::filesystem::create_directories(out);
-  ASSERT_TRUE(WriteFileAtomically(out + "/job.yaml",
-                                  JobYaml(dir_->Join("shards"), 1, 3, ", listen: '0.0.0.0:0'", out))
+  // Other hosts (the namespace) reach it in plaintext: allowed only by security.insecure.
+  ASSERT_TRUE(WriteFileAtomically(out + "/job.yaml", JobYaml(dir_->Join("shards"), 1, 3,
+                                                             ", listen: '0.0.0.0:0'", out) +
+                                                         "security: {insecure: true}\n")
                   .ok());
   const int coordinator =
       processes_.Start({kBin + "/flashdraft-coordinator", "--job", out + "/job.yaml", "--port-file",

@@ -1,9 +1,11 @@
-// flashdraft-worker --coordinator HOST:PORT [--id NAME]
+// flashdraft-worker --coordinator HOST:PORT [--id NAME] [--tls-ca CA --tls-cert C --tls-key K]
+//                   [--token-file F]
 // (intra-op threads come from the job: train.intra_op_threads, one value for every worker)
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <iostream>
 
+#include "cli/security_flags.h"
 #include "common/logging.h"
 #include "common/malloc_tuning.h"
 #include "worker/worker.h"
@@ -24,6 +26,7 @@ int main(int argc, char** argv) {
   app.add_option("--fetch-timeout", options.fetch_timeout_seconds,
                  "seconds the model's tensors may take to arrive")
       ->capture_default_str();
+  flashdraft::AddClientSecurityFlags(app, options.security);
   CLI11_PARSE(app, argc, argv);
   // SIGTERM: leave at the next step boundary and exit 0; a second SIGTERM ends it at once.
   struct sigaction sa {};

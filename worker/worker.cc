@@ -12,9 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
-#include "common/grpc_options.h"
 #include "common/job_config.h"
 #include "common/net_util.h"
+#include "common/security.h"
 #include "common/status_macros.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
 #include "glog/logging.h"
@@ -44,8 +44,8 @@ void SleepUnlessLeaving(double seconds) {
 // when the coordinator could not be reached or went away (RunWorker joins again).
 absl::Status RunSession(const WorkerOptions& o) {
   FD_ASSIGN_OR_RETURN(const FaultPlan fault, ParseFault(std::getenv("FLASHDRAFT_FAULT")));
-  auto channel = grpc::CreateCustomChannel(o.coordinator, grpc::InsecureChannelCredentials(),
-                                           ClientChannelArguments());
+  FD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                      CreateSecureChannel(o.coordinator, o.security));
   std::shared_ptr<v1::Coordinator::Stub> stub = v1::Coordinator::NewStub(channel);
 
   // --- Join: admission and the job; the rank comes with the first epoch's Reform ---
@@ -70,6 +70,10 @@ absl::Status RunSession(const WorkerOptions& o) {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
     grpc::Status s = stub->Join(&ctx, join, &reply);
     if (s.ok()) break;
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {  // fatal: joining again won't help
+      return absl::UnauthenticatedError(absl::StrCat("the coordinator at ", o.coordinator, " ",
+                                                     s.error_message(), " (--token-file)"));
+    }
     const bool retry = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
                        s.error_code() == grpc::StatusCode::UNAVAILABLE;
     if (!retry || Now() - join_start > o.connect_timeout_seconds) {

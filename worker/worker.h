@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/security.h"
 
 namespace flashdraft {
 
@@ -18,6 +19,8 @@ struct WorkerOptions {
   double reconnect_timeout_seconds = 120;
   // FetchTensors (the target's tensors, the weights) must end within this long.
   double fetch_timeout_seconds = 600;
+  // TLS and the job secret (empty: plaintext, no token; for a coordinator on this host).
+  ClientSecurity security;
 };
 
 // Trains until the job ends (OK), this worker is told to leave or asked to (OK), or a fatal error.

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -16,6 +17,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -147,6 +149,35 @@ int StartProcess(const std::vector<std::string>& argv, const std::string& log,
     _exit(127);
   }
   return pid;
+}
+
+CoordinatorProcess::CoordinatorProcess(const std::string& bin, const std::string& job,
+                                       const std::string& log) {
+  const std::string port_file = job + ".port";
+  // An earlier coordinator's port file would point at a port nobody listens on any more.
+  std::filesystem::remove(port_file);
+  pid_ = StartProcess({bin + "/flashdraft-coordinator", "--job", job, "--port-file", port_file},
+                      log.empty() ? "/dev/null" : log);
+  for (int i = 0; i < 600 && port_ == 0; ++i) {
+    std::ifstream in(port_file);
+    if (!(in >> port_)) port_ = 0;
+    if (port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+CoordinatorProcess::~CoordinatorProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+int CoordinatorProcess::Terminate() {
+  kill(pid_, SIGTERM);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 int FindProcess(const std::vector<std::string>& parts) {

@@ -49,6 +49,24 @@ std::string ShellQuote(const std::string& s);
 int StartProcess(const std::vector<std::string>& argv, const std::string& log,
                  const std::vector<std::string>& env = {});
 
+// A flashdraft-coordinator process on port 0 for protocol-level tests (`bin`: the directory of the
+// binaries; stderr into `log`, or nowhere). SIGKILLed when destroyed.
+class CoordinatorProcess {
+ public:
+  CoordinatorProcess(const std::string& bin, const std::string& job, const std::string& log = "");
+  ~CoordinatorProcess();
+  CoordinatorProcess(const CoordinatorProcess&) = delete;
+  CoordinatorProcess& operator=(const CoordinatorProcess&) = delete;
+  // Sends SIGTERM and returns the exit code.
+  int Terminate();
+  // The bound port; 0 when it did not start within 30 s.
+  int port() const { return port_; }
+
+ private:
+  int pid_ = -1;
+  int port_ = 0;
+};
+
 // The pid of a process whose command line contains every one of `parts`, or -1.
 int FindProcess(const std::vector<std::string>& parts);
 
