@@ -2,8 +2,13 @@
 
 #include <utility>
 
+#include "common/tensor_codec.h"
+
 namespace flashdraft {
 namespace {
+
+static_assert(kDefaultMaxChunkBytes + (32 << 10) <= kMaxServerReceiveBytes,
+              "a checkpoint chunk and its header must fit what the coordinator accepts");
 
 // Both ends ping and accept pings the same way.
 constexpr std::pair<const char*, int> kKeepalive[] = {
@@ -24,7 +29,7 @@ grpc::ChannelArguments ClientChannelArguments() {
 }
 
 void ConfigureServer(grpc::ServerBuilder& builder) {
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxReceiveMessageSize(kMaxServerReceiveBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   for (const auto& [key, value] : kKeepalive) builder.AddChannelArgument(key, value);
   // Clients ping this often; without this the server answers them with GOAWAY (too_many_pings).

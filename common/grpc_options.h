@@ -10,6 +10,9 @@
 namespace flashdraft {
 
 inline constexpr int kMaxMessageBytes = 64 << 20;
+// What the coordinator accepts in one message: a tensor chunk (kDefaultMaxChunkBytes) and its
+// header; every other request is small. Bigger messages are refused before they are buffered.
+inline constexpr int kMaxServerReceiveBytes = 4 << 20;
 inline constexpr int kKeepaliveSeconds = 5;
 inline constexpr int kKeepaliveTimeoutSeconds = 5;
 

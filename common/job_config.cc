@@ -419,8 +419,16 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std
   if (!root.IsMap()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": the job file must be a mapping"));
   }
+  // Keys are plain names; YAML also allows sequences and mappings as keys ("? [a]: 1").
+  auto key_of = [&](const YAML::Node& node) -> absl::StatusOr<std::string> {
+    if (!node.IsScalar()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": a key that is not a plain name (line ", node.Mark().line + 1, ")"));
+    }
+    return node.Scalar();
+  };
   for (const auto& entry : root) {
-    const std::string key = entry.first.as<std::string>();
+    FD_ASSIGN_OR_RETURN(const std::string key, key_of(entry.first));
     const YAML::Node& value = entry.second;
     if (IsSection(key)) {
       if (value.IsNull()) continue;
@@ -429,7 +437,7 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std
             absl::StrCat(source, ": section '", key, "' must be a mapping"));
       }
       for (const auto& inner : value) {
-        const std::string field = inner.first.as<std::string>();
+        FD_ASSIGN_OR_RETURN(const std::string field, key_of(inner.first));
         const Field* f = FindField(key, field);
         if (f == nullptr) {
           return absl::InvalidArgumentError(absl::StrCat(source, ": unknown field '", key, ".",

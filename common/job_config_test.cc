@@ -142,6 +142,8 @@ TEST(JobConfigTest, BadInputNamesFileFieldAndValue) {
       {"public without token",
        base + "cluster: {listen: '10.0.0.5:7600'}\nsecurity: {tls_cert: /c, tls_key: /k}\n",
        "security.token_file"},
+      {"complex key", "? [a, b]\n: 1\n", "job.yaml: a key that is not a plain name (line 1)"},
+      {"complex field key", "train: {? {x: 1} : 2}\n", "a key that is not a plain name"},
       {"heartbeat",
        base + "cluster: {heartbeat_interval_seconds: 5, heartbeat_timeout_seconds: 5}\n",
        "field 'cluster.heartbeat_timeout_seconds' = 5 must exceed"},

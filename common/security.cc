@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -196,6 +197,12 @@ absl::StatusOr<std::string> ReadToken(const std::string& path, const std::string
     }
   }
   return token;
+}
+
+std::string Untrusted(absl::string_view text, size_t max_chars) {
+  std::string out = absl::CHexEscape(text.substr(0, max_chars));
+  if (text.size() > max_chars) out += "...";
+  return out;
 }
 
 bool SecretEquals(absl::string_view a, absl::string_view b) {

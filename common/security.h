@@ -84,6 +84,10 @@ class ServerSecurity {
   int suppressed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// Text a peer chose (a worker id, a tensor name), made safe to log and echo: at most `max_chars`
+// of it, non-printable bytes escaped, "..." when cut.
+std::string Untrusted(absl::string_view text, size_t max_chars = 64);
+
 // Constant-time comparison (the time does not depend on where the strings differ).
 bool SecretEquals(absl::string_view a, absl::string_view b);
 

@@ -262,19 +262,26 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
           "supported (byte-level BPE has none)"));
     }
     t->ignore_merges_ = model.value("ignore_merges", false);
+    // Ids are integers below kMaxVocabulary (the id → token table is that long).
+    auto id_of = [&](const json& id, const std::string& token) -> absl::StatusOr<int32_t> {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxVocabulary) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(label, ": token '", token.substr(0, 64), "' has id ",
+                         id.dump().substr(0, 32), ", not an integer in [0, ", kMaxVocabulary, ")"));
+      }
+      return static_cast<int32_t>(id.get<int64_t>());
+    };
     int32_t max_id = -1;
     for (const auto& [token, id] : model.at("vocab").items()) {
-      const int32_t i = id.get<int32_t>();
-      if (i < 0) return absl::InvalidArgumentError(absl::StrCat(label, ": negative id ", i));
+      FD_ASSIGN_OR_RETURN(const int32_t i, id_of(id, token));
       t->vocab_[token] = i;
       max_id = std::max(max_id, i);
     }
     for (const json& a : j.value("added_tokens", json::array())) {
-      AddedToken added{a.at("content").get<std::string>(), a.at("id").get<int32_t>(),
-                       a.value("special", false)};
-      if (added.content.empty() || added.id < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(label, ": added token with empty content or negative id"));
+      AddedToken added{a.at("content").get<std::string>(), 0, a.value("special", false)};
+      FD_ASSIGN_OR_RETURN(added.id, id_of(a.at("id"), added.content));
+      if (added.content.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(label, ": added token with empty content"));
       }
       if (a.value("lstrip", false) || a.value("rstrip", false) || a.value("single_word", false)) {
         return absl::InvalidArgumentError(

@@ -21,6 +21,9 @@
 namespace flashdraft {
 
 // The split patterns of Qwen2/Qwen3 (\p{N}) and Llama-3 (\p{N}{1,3}) tokenizer.json files.
+// Token ids are below this (the largest vocabularies in use have ~256K tokens).
+inline constexpr int64_t kMaxVocabulary = int64_t{1} << 22;
+
 inline constexpr absl::string_view kQwen2SplitPattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 inline constexpr absl::string_view kLlama3SplitPattern =

@@ -137,6 +137,11 @@ TEST(TokenizerTest, RefusesWhatItDoesNotImplementByName) {
       {"merge", [](json& j) { j["model"]["merges"].push_back("q zz"); }, "names tokens not in"},
       {"lstrip", [](json& j) { j["added_tokens"][0]["lstrip"] = true; }, "lstrip"},
       {"not json", [](json& j) { j = "x"; }, "not a JSON object"},
+      // Ids are checked integers, not converted blindly (a fuzzer's finding: 2.4e104 as an id).
+      {"float id", [](json& j) { j["model"]["vocab"]["ll"] = 2.4e104; }, "has id 2.4e+104"},
+      {"huge id", [](json& j) { j["added_tokens"][0]["id"] = int64_t{1} << 31; },
+       "not an integer in [0, 4194304)"},
+      {"negative id", [](json& j) { j["model"]["vocab"]["ll"] = -3; }, "has id -3"},
   };
   for (const Case& c : cases) {
     json j = TinyTokenizer();

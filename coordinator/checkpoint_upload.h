@@ -2,15 +2,17 @@
 // checkpoint step asks one worker (the epoch's rank 0) for the state after that step; it announces
 // it, then sends its tensors' chunks on its Train stream, between its other messages. The upload
 // stays valid across membership changes as long as that worker lives: the state after a committed
-// step is the same on every member. Each chunk is checked (TensorAssembler) and the upload's bytes
-// are bounded before anything is allocated: a peer cannot make the coordinator allocate more than
-// the drafter's state can take.
+// step is the same on every member. Each chunk is checked (TensorAssembler), and a tensor is
+// allocated only when it is one the coordinator expects, with the dtype and shape it knows, and
+// not already sent: a peer cannot make the coordinator allocate more than the drafter's state.
 //
 // Pure logic, not thread-safe: the coordinator calls it under its lock.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,20 +22,26 @@
 
 namespace flashdraft {
 
+// What the upload of a drafter with these parameters (their names without prefix) holds: each
+// parameter as "drafter." + name, its AdamW moments as "adamw." + name + ".exp_avg"/".exp_avg_sq"
+// (same dtype and shape), and "adamw.step" (I64 [1]) — what the worker's SnapshotState sends.
+std::vector<TensorSpec> CheckpointUploadSpecs(const std::vector<TensorSpec>& parameters);
+
 class UploadReceiver {
  public:
-  // `max_bytes`: the most one upload may hold, all tensors together.
-  explicit UploadReceiver(uint64_t max_bytes) : max_bytes_(max_bytes) {}
+  // `expected`: every tensor an upload holds (names, dtypes, shapes; CheckpointSpecs).
+  explicit UploadReceiver(std::vector<TensorSpec> expected);
 
   // The next upload a commit asked for: `token`'s state after `completed_steps` steps. Anything
   // else is stale from then on.
   void Expect(const std::string& token, uint64_t completed_steps);
   // `token`'s upload begins. FAILED_PRECONDITION when it is not the one expected (stale: the
-  // caller ignores it); INVALID_ARGUMENT when it announces no tensors or begins again while under
-  // way (a broken uploader).
+  // caller ignores it); INVALID_ARGUMENT when it announces another number of tensors than expected
+  // or begins again while under way (a broken uploader).
   absl::Status Begin(const std::string& token, const v1::CheckpointUpload& announce);
   // One chunk of the upload under way: FAILED_PRECONDITION when none is under way from `token`
-  // (stale), another error when the chunk is bad or the upload outgrows max_bytes.
+  // (stale), INVALID_ARGUMENT when the chunk is bad or its tensor is not an expected one (another
+  // name, dtype or shape, or sent twice).
   absl::Status Add(const std::string& token, const v1::TensorChunk& chunk);
   // A whole upload of the state after `completed_steps` is here.
   bool Complete(uint64_t completed_steps) const {
@@ -47,11 +55,11 @@ class UploadReceiver {
   bool active() const { return active_; }
 
  private:
-  uint64_t max_bytes_;
-  std::string token_;             // the expected uploader
-  uint64_t completed_steps_ = 0;  // the expected state
-  uint32_t remaining_ = 0;        // tensors still to come
-  uint64_t bytes_ = 0;            // allocated so far
+  std::map<std::string, TensorSpec> expected_;
+  std::set<std::string> received_;  // names allocated in this upload
+  std::string token_;               // the expected uploader
+  uint64_t completed_steps_ = 0;    // the expected state
+  uint32_t remaining_ = 0;          // tensors still to come
   bool active_ = false;
   bool done_ = false;
   std::vector<OwnedTensor> tensors_;

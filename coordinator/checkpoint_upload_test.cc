@@ -32,8 +32,22 @@ std::vector<v1::TensorChunk> Chunks(const std::string& name, const std::vector<u
   return out;
 }
 
+// An upload of two U8 tensors: "drafter.a" [200] and "adamw.step" [8].
+UploadReceiver Receiver() {
+  return UploadReceiver({{"drafter.a", DType::kU8, {200}}, {"adamw.step", DType::kU8, {8}}});
+}
+
+TEST(UploadReceiverTest, TheSpecsAreTheWorkersSnapshot) {
+  std::vector<TensorSpec> specs = CheckpointUploadSpecs({{"fc.weight", DType::kF32, {4, 8}}});
+  ASSERT_EQ(specs.size(), 4u);
+  EXPECT_EQ(specs[0], (TensorSpec{"drafter.fc.weight", DType::kF32, {4, 8}}));
+  EXPECT_EQ(specs[1], (TensorSpec{"adamw.fc.weight.exp_avg", DType::kF32, {4, 8}}));
+  EXPECT_EQ(specs[2], (TensorSpec{"adamw.fc.weight.exp_avg_sq", DType::kF32, {4, 8}}));
+  EXPECT_EQ(specs[3], (TensorSpec{"adamw.step", DType::kI64, {1}}));
+}
+
 TEST(UploadReceiverTest, AssemblesAWholeUpload) {
-  UploadReceiver receiver(1 << 20);
+  UploadReceiver receiver = Receiver();
   const std::vector<uint8_t> a = RandomBytes(200, 1), b = RandomBytes(8, 2);
   receiver.Expect("tok", 50);
   ASSERT_TRUE(receiver.Begin("tok", Announce(50, 2)).ok());
@@ -52,8 +66,8 @@ TEST(UploadReceiverTest, AssemblesAWholeUpload) {
 }
 
 TEST(UploadReceiverTest, RefusesWhatDoesNotBelong) {
-  UploadReceiver receiver(1 << 20);
-  const std::vector<v1::TensorChunk> chunks = Chunks("drafter.a", RandomBytes(100, 3));
+  UploadReceiver receiver = Receiver();
+  const std::vector<v1::TensorChunk> chunks = Chunks("drafter.a", RandomBytes(200, 3));
   EXPECT_EQ(receiver.Add("tok", chunks[0]).code(), absl::StatusCode::kFailedPrecondition);
   // Nothing asked for: stale.
   EXPECT_EQ(receiver.Begin("tok", Announce(1, 1)).code(), absl::StatusCode::kFailedPrecondition);
@@ -62,8 +76,10 @@ TEST(UploadReceiverTest, RefusesWhatDoesNotBelong) {
   EXPECT_EQ(receiver.Begin("other", Announce(1, 1)).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(receiver.Begin("tok", Announce(2, 1)).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(receiver.Begin("tok", Announce(1, 0)).code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(receiver.Begin("tok", Announce(1, 1)).ok());
-  EXPECT_EQ(receiver.Begin("tok", Announce(1, 1)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(receiver.Begin("tok", Announce(1, 3)).message()),
+              HasSubstr("an upload of 3 tensors; the drafter's state has 2"));
+  ASSERT_TRUE(receiver.Begin("tok", Announce(1, 2)).ok());
+  EXPECT_EQ(receiver.Begin("tok", Announce(1, 2)).code(), absl::StatusCode::kInvalidArgument);
   // Another worker's chunk is not part of this upload.
   EXPECT_EQ(receiver.Add("other", chunks[0]).code(), absl::StatusCode::kFailedPrecondition);
   v1::TensorChunk bad = chunks[0];
@@ -73,21 +89,35 @@ TEST(UploadReceiverTest, RefusesWhatDoesNotBelong) {
   EXPECT_FALSE(receiver.active());
 }
 
-TEST(UploadReceiverTest, BoundsTheBytesBeforeAllocating) {
-  UploadReceiver receiver(150);
-  receiver.Expect("tok", 1);
-  ASSERT_TRUE(receiver.Begin("tok", Announce(1, 2)).ok());
-  for (const v1::TensorChunk& c : Chunks("drafter.a", RandomBytes(100, 4))) {
+TEST(UploadReceiverTest, AllocatesOnlyTheExpectedTensorsOnce) {
+  UploadReceiver receiver = Receiver();
+  auto begin = [&] {
+    receiver.Expect("tok", 1);
+    ASSERT_TRUE(receiver.Begin("tok", Announce(1, 2)).ok());
+  };
+  begin();
+  // Another name, another shape, a claim of 2^60 bytes, the same tensor twice: refused on the
+  // first chunk, before anything is allocated.
+  EXPECT_THAT(
+      std::string(receiver.Add("tok", Chunks("drafter.evil", RandomBytes(10, 4))[0]).message()),
+      HasSubstr("tensor 'drafter.evil' is not part of the drafter's state"));
+  begin();
+  EXPECT_THAT(
+      std::string(receiver.Add("tok", Chunks("drafter.a", RandomBytes(100, 4))[0]).message()),
+      HasSubstr("tensor 'drafter.a' is U8 [100]; the drafter's is U8 [200]"));
+  begin();
+  v1::TensorChunk huge = Chunks("drafter.a", RandomBytes(200, 5))[0];
+  huge.clear_shape();
+  huge.add_shape(int64_t{1} << 60);
+  huge.set_total_bytes(uint64_t{1} << 60);
+  EXPECT_FALSE(receiver.Add("tok", huge).ok());
+  begin();
+  for (const v1::TensorChunk& c : Chunks("drafter.a", RandomBytes(200, 6))) {
     ASSERT_TRUE(receiver.Add("tok", c).ok());
   }
-  // 100 + 100 > 150: refused on the first chunk, whatever its header claims.
-  v1::TensorChunk huge = Chunks("drafter.b", RandomBytes(100, 5))[0];
-  EXPECT_THAT(std::string(receiver.Add("tok", huge).message()),
-              HasSubstr("makes the upload larger than 150 bytes"));
-  huge.set_total_bytes(uint64_t{1} << 60);
-  receiver.Expect("tok", 1);
-  ASSERT_TRUE(receiver.Begin("tok", Announce(1, 1)).ok());
-  EXPECT_FALSE(receiver.Add("tok", huge).ok());
+  EXPECT_THAT(
+      std::string(receiver.Add("tok", Chunks("drafter.a", RandomBytes(200, 6))[0]).message()),
+      HasSubstr("tensor 'drafter.a' came twice"));
 }
 
 }  // namespace

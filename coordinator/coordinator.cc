@@ -26,6 +26,10 @@
 namespace flashdraft {
 namespace {
 
+// Peer-chosen names (worker ids, hosts) and FetchTensors requests are bounded.
+constexpr size_t kMaxNameChars = 128;
+constexpr size_t kMaxFetchNames = 1 << 16;
+
 // How long a reported collective failure waits for a lost worker to explain it before the epoch
 // is re-formed with the same members (a transient failure).
 constexpr double kCollectiveFailureGraceSeconds = 2.0;
@@ -138,14 +142,14 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
     FD_ASSIGN_OR_RETURN(const std::string weights_path, initial_weights(j, dc));
     FD_ASSIGN_OR_RETURN(c->initial_weights_, SafetensorsModel::Open(weights_path));
   }
-  // An upload holds the parameters, two AdamW moments per parameter (F32, like the weights) and
-  // the step: anything larger is refused before it is allocated.
-  uint64_t weight_bytes = 0;
+  // An upload holds the parameters, two AdamW moments per parameter and the step, with the
+  // weights' dtypes and shapes: anything else is refused before it is allocated.
+  std::vector<TensorSpec> parameters;
   for (const std::string& name : c->initial_weights_->names()) {
     FD_ASSIGN_OR_RETURN(const TensorView view, c->initial_weights_->Get(name));
-    weight_bytes += view.nbytes;
+    parameters.push_back({name, view.dtype, view.shape});
   }
-  c->upload_ = std::make_unique<UploadReceiver>(3 * weight_bytes + 4096);
+  c->upload_ = std::make_unique<UploadReceiver>(CheckpointUploadSpecs(parameters));
   FD_ASSIGN_OR_RETURN(StepLog log, StepLog::Open(j.output_dir + "/steps.jsonl", c->start_step_));
   c->step_log_ = std::make_unique<StepLog>(std::move(log));
   return c;
@@ -232,6 +236,10 @@ absl::StatusOr<std::vector<FetchEntry>> Coordinator::ResolveFetch(
     }
     return out;
   }
+  if (names.size() > kMaxFetchNames) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FetchTensors: ", names.size(), " names (at most ", kMaxFetchNames, ")"));
+  }
   for (const std::string& wire_name : names) {
     std::shared_ptr<const SafetensorsModel> file = target_;
     std::string name = wire_name;
@@ -244,13 +252,14 @@ absl::StatusOr<std::vector<FetchEntry>> Coordinator::ResolveFetch(
         name = wire_name.substr(prefix.size());
       }
     }
+    // Names are looked up, never opened; errors echo the name, never a path of this host.
     if (!file) {
-      return absl::NotFoundError(absl::StrCat("FetchTensors: no tensor '", wire_name,
+      return absl::NotFoundError(absl::StrCat("FetchTensors: no tensor '", Untrusted(wire_name),
                                               "' (this job did not resume from a checkpoint)"));
     }
     if (!file->Contains(name)) {
-      return absl::NotFoundError(absl::StrCat("FetchTensors: no tensor '", wire_name, "' (",
-                                              file->path(), " has none named '", name, "')"));
+      return absl::NotFoundError(
+          absl::StrCat("FetchTensors: no tensor '", Untrusted(wire_name), "'"));
     }
     out.push_back({file, name, wire_name});
   }
@@ -261,8 +270,20 @@ void Coordinator::Join(const v1::JoinRequest& request, v1::JoinReply* reply) {
   auto refuse = [&](std::string reason) {
     reply->set_accepted(false);
     reply->set_reason(reason);
-    LOG(WARNING) << "refused worker '" << request.worker_id() << "': " << reason;
+    LOG(WARNING) << "refused worker '" << Untrusted(request.worker_id()) << "': " << reason;
   };
+  // The id and host are shown in logs, status and steps.jsonl: short printable text only.
+  for (const auto& [field, value] :
+       {std::pair<const char*, const std::string*>{"worker_id", &request.worker_id()},
+        {"hostname", &request.capability().hostname()},
+        {"device", &request.capability().device()}}) {
+    if (value->size() > kMaxNameChars || !std::all_of(value->begin(), value->end(), [](char ch) {
+          return ch >= 0x20 && ch < 0x7f;
+        })) {
+      return refuse(absl::StrCat(field, " '", Untrusted(*value), "' must be at most ",
+                                 kMaxNameChars, " printable ASCII characters"));
+    }
+  }
   if (request.protocol_version() != v1::PROTOCOL_VERSION_CURRENT) {
     return refuse(absl::StrCat("protocol version ", request.protocol_version(),
                                " is not this coordinator's version ",
@@ -310,8 +331,14 @@ bool Coordinator::ValidToken(const std::string& token) const {
   return membership_->Valid(token);
 }
 
+void Coordinator::StreamOpened(TrainSession* session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  unbound_streams_[session] = clock_->Now();
+}
+
 absl::Status Coordinator::SessionStarted(TrainSession* session, const std::string& token) {
   std::lock_guard<std::mutex> lock(mu_);
+  unbound_streams_.erase(session);
   FD_RETURN_IF_ERROR(membership_->Bind(token));
   sessions_[token] = session;
   last_arrival_ = clock_->Now();
@@ -360,6 +387,7 @@ void Coordinator::EndStreamLocked(const std::string& token, const grpc::Status& 
 
 void Coordinator::SessionEnded(TrainSession* session, const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
+  unbound_streams_.erase(session);
   for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
     if (it->second == session) {
       const std::string token = it->first;
@@ -373,6 +401,18 @@ void Coordinator::SessionEnded(TrainSession* session, const std::string& why) {
 void Coordinator::ExpireLocked() {
   for (const Expiry& expired : membership_->Expired())
     DropSessionLocked(expired.token, expired.why);
+  const double deadline = clock_->Now() - job_.cluster.heartbeat_timeout_seconds;
+  for (auto it = unbound_streams_.begin(); it != unbound_streams_.end();) {
+    if (it->second >= deadline) {
+      ++it;
+      continue;
+    }
+    it->first->FinishAfterWrites(
+        grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                     absl::StrCat("no first message on the Train stream within ",
+                                  job_.cluster.heartbeat_timeout_seconds, " s")));
+    it = unbound_streams_.erase(it);
+  }
 }
 
 void Coordinator::OnAck(const std::string& token, const v1::StepAck& ack) {
@@ -729,6 +769,8 @@ absl::Status Coordinator::StartEpoch(int64_t next_step) {
   metrics_->SetMissingWorkers(0);
   const std::vector<std::string> before = membership_->ranks();
   const EpochPlan plan = membership_->NextEpoch();
+  // The last epoch's group is abandoned: its rendezvous keys go.
+  if (sending_epoch_ > 0) store_.DeletePrefix(absl::StrCat("epoch/", sending_epoch_, "/"));
   epoch_ = plan.epoch;
   sending_epoch_ = plan.epoch;
   world_size_ = static_cast<int>(plan.tokens.size());

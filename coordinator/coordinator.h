@@ -93,6 +93,9 @@ class Coordinator {
   // Fills `reply`: admitted with a token (the rank comes with the epoch's Reform), or refused.
   void Join(const v1::JoinRequest& request, v1::JoinReply* reply);
   bool ValidToken(const std::string& token) const;
+  // A Train stream opened; it must bind (send its first message) within
+  // cluster.heartbeat_timeout_seconds or it is ended (DEADLINE_EXCEEDED).
+  void StreamOpened(TrainSession* session);
   // Binds the token's Train stream: NOT_FOUND for an unknown or expired token, ALREADY_EXISTS when
   // it has a stream already.
   absl::Status SessionStarted(TrainSession* session, const std::string& token);
@@ -184,6 +187,8 @@ class Coordinator {
 
   const Clock* clock_ = &RealClock::Get();
   std::unique_ptr<ServerSecurity> security_;
+  // Train streams that have not sent their first message yet, and when they opened.
+  std::map<TrainSession*, double> unbound_streams_ ABSL_GUARDED_BY(mu_);
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unique_ptr<Membership> membership_ ABSL_GUARDED_BY(mu_);

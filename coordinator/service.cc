@@ -143,9 +143,10 @@ class CoordinatorServiceImpl
       return reactor;
     }
     RendezvousStore& store = c_->store();
+    absl::Status status;
     switch (req->op_case()) {
       case v1::StoreRequest::kSet:
-        store.Set(req->set().key(), req->set().value());
+        status = store.Set(req->set().key(), req->set().value());
         break;
       case v1::StoreRequest::kGet: {
         std::string value;
@@ -153,9 +154,12 @@ class CoordinatorServiceImpl
         reply->set_value(std::move(value));
         break;
       }
-      case v1::StoreRequest::kAdd:
-        reply->set_counter(store.Add(req->add().key(), req->add().delta()));
+      case v1::StoreRequest::kAdd: {
+        absl::StatusOr<int64_t> counter = store.Add(req->add().key(), req->add().delta());
+        if (counter.ok()) reply->set_counter(*counter);
+        status = counter.status();
         break;
+      }
       case v1::StoreRequest::kCheck:
         reply->set_ready(store.Check({req->check().keys().begin(), req->check().keys().end()}));
         break;
@@ -166,8 +170,12 @@ class CoordinatorServiceImpl
         reply->set_counter(store.NumKeys());
         break;
       default:
-        reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty store request"));
-        return reactor;
+        status = absl::InvalidArgumentError("empty store request");
+        break;
+    }
+    if (!status.ok()) {
+      reactor->Finish(ToGrpcStatus(status));
+      return reactor;
     }
     reactor->Finish(grpc::Status::OK);
     return reactor;
@@ -197,6 +205,7 @@ class CoordinatorServiceImpl
 }  // namespace
 
 TrainSession::TrainSession(Coordinator* coordinator) : coordinator_(coordinator) {
+  coordinator_->StreamOpened(this);
   StartRead(&in_bytes_);
 }
 

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/chat_line.h"
 #include "common/chat_template.h"
 #include "common/tokenizer.h"
 #include "model/target_model.h"

@@ -19,8 +19,8 @@ PACKAGES=(
   libssl-dev openssl
   # Unicode normalization and character properties for the tokenizer
   libicu-dev
-  # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev
+  # tests and benchmarks; clang + libFuzzer for the fuzz targets
+  libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-dev
   # reference numerics for parity tests (/usr/bin/python3 with Debian's torch), and Jinja2 for the
   # chat template as Hugging Face transformers renders it
   python3-torch python3-jinja2

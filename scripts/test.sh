@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): installs what is missing, builds, runs the torch-free
-# libraries' tests under ASan+UBSan, then every test with ctest.
+# libraries' tests under ASan+UBSan, fuzzes the parsers for a bounded time, then every test with
+# ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -10,6 +11,25 @@ FLASHDRAFT_BUILD_DIR=build-asan FLASHDRAFT_TARGETS="flashdraft_common_test flash
   scripts/build.sh -DFLASHDRAFT_SANITIZE=ON -DFLASHDRAFT_BUILD_BENCH=OFF
 for t in flashdraft_common_test flashdraft_coordinator_test; do
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 "build-asan/bin/$t" --gtest_brief=1
+done
+
+# Every parser of untrusted input under libFuzzer for a bounded time each (clang; the corpus holds
+# seeds and regression inputs; new inputs go to a scratch folder, never into the repository).
+FUZZERS="chat_line checkpoint job_config safetensors tensor_chunk tokenizer"
+FLASHDRAFT_BUILD_DIR=build-fuzz CXX=clang++ \
+  FLASHDRAFT_TARGETS="$(printf 'fuzz_%s ' $FUZZERS)" \
+  scripts/build.sh -DFLASHDRAFT_FUZZ=ON -DFLASHDRAFT_BUILD_BENCH=OFF
+for f in $FUZZERS; do
+  scratch=$(mktemp -d)
+  if ! build-fuzz/bin/fuzz_$f -max_total_time="${FLASHDRAFT_FUZZ_SECONDS:-30}" -timeout=10 \
+      -rss_limit_mb=2048 -artifact_prefix=build-fuzz/finding-$f- "$scratch" tests/fuzz/corpus/$f \
+      >build-fuzz/fuzz_$f.log 2>&1; then
+    tail -40 build-fuzz/fuzz_$f.log
+    echo "fuzz_$f: a finding (build-fuzz/finding-$f-*); fix it and add the input to tests/fuzz/corpus/$f/"
+    exit 1
+  fi
+  echo "fuzz_$f: $(grep -o 'Done [0-9]* runs' build-fuzz/fuzz_$f.log || echo 'ran') without findings"
+  rm -rf "$scratch"
 done
 
 scripts/build.sh

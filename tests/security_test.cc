@@ -6,15 +6,20 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/chunk_wire.h"
 #include "common/file_util.h"
+#include "common/raw_client_stream.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
 #include "tests/support/test_util.h"
 
@@ -22,8 +27,12 @@ namespace flashdraft {
 namespace {
 
 using ::flashdraft::testing::CoordinatorProcess;
+using ::flashdraft::testing::FirstDifferentStep;
 using ::flashdraft::testing::HttpGet;
+using ::flashdraft::testing::ReadSteps;
+using ::flashdraft::testing::ResidentBytes;
 using ::flashdraft::testing::RunCommand;
+using ::flashdraft::testing::StartProcess;
 using ::flashdraft::testing::TempDir;
 using ::testing::HasSubstr;
 
@@ -64,7 +73,8 @@ class SecurityTest : public ::testing::Test {
   }
 
   // A job on all interfaces (allowed: TLS and a token), with `security` lines added.
-  static std::string WriteJob(const std::string& name, const std::string& security) {
+  static std::string WriteJob(const std::string& name, const std::string& security,
+                              const std::string& cluster = "") {
     const std::string path = dir_->Join(name + ".yaml");
     const std::string yaml =
         absl::StrCat("name: ", name, "\noutput_dir: ", dir_->Join(name),
@@ -72,7 +82,9 @@ class SecurityTest : public ::testing::Test {
                      "max_anchors: 8}\ndata: {source: shards, shards_dir: ",
                      dir_->Join("shards"),
                      ", max_seq_len: 64}\ntrain: {seed: 1, max_steps: 4, global_batch_size: 6}\n"
-                     "cluster: {listen: '0.0.0.0:0', join_timeout_seconds: 60}\n"
+                     "cluster: {listen: '0.0.0.0:0', join_timeout_seconds: 60",
+                     cluster,
+                     "}\n"
                      "security:\n",
                      security);
     EXPECT_TRUE(WriteFileAtomically(path, yaml).ok());
@@ -269,6 +281,184 @@ TEST_F(SecurityTest, BadFilesAreRefusedAtStartNamingTheFileAndTheFault) {
   const std::string insecure = WriteJob("insecure", "  insecure: true\n");
   auto check = RunCommand(absl::StrCat(kBin, "/flashdraft config check ", insecure));
   EXPECT_EQ(check.exit_code, 0) << check.output;
+}
+
+// Hostile input from a peer that holds the cluster's certificates and the job secret (an
+// authenticated client gone wrong): each gets the right status and a useful message, the
+// coordinator allocates nothing for claims it cannot check, and the job then trains to the same
+// numbers as a job that never saw it.
+TEST_F(SecurityTest, BadInputOverTheRealServerIsRefusedAndTheJobGoesOn) {
+  const std::string job =
+      WriteJob("hostile", SecureSection(),
+               ", heartbeat_interval_seconds: 0.5, heartbeat_timeout_seconds: 3");
+  auto reference = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", job, " --workers 1 --out ",
+                                           dir_->Join("hostile-reference")));
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  const std::string log = dir_->Join("hostile.log");
+  CoordinatorProcess coordinator(kBin, job, log);
+  ASSERT_GT(coordinator.port(), 0) << *ReadFile(log);
+  const std::string address = absl::StrCat("127.0.0.1:", coordinator.port());
+  auto channel = CreateSecureChannel(address, Trusted());
+  ASSERT_TRUE(channel.ok());
+  auto stub = v1::Coordinator::NewStub(*channel);
+  auto deadline = [](grpc::ClientContext& ctx, int seconds = 10) {
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
+  };
+
+  // A Train stream that never says who it is is ended after the heartbeat timeout.
+  grpc::Status silent_status;
+  std::thread silent([&] {
+    grpc::ClientContext ctx;
+    deadline(ctx, 30);
+    auto stream = stub->Train(&ctx);
+    v1::CoordinatorMessage m;
+    while (stream->Read(&m)) {
+    }
+    silent_status = stream->Finish();
+  });
+
+  // Joins: another protocol, ids that are not short printable text.
+  auto join = [&](const std::string& id, uint32_t version = v1::PROTOCOL_VERSION_CURRENT) {
+    grpc::ClientContext ctx;
+    deadline(ctx);
+    v1::JoinRequest r;
+    r.set_protocol_version(version);
+    r.set_worker_id(id);
+    v1::JoinReply reply;
+    EXPECT_TRUE(stub->Join(&ctx, r, &reply).ok());
+    return reply;
+  };
+  EXPECT_THAT(join("old", 99).reason(), HasSubstr("protocol version 99"));
+  EXPECT_THAT(join(std::string(1000, 'x')).reason(), HasSubstr("worker_id 'xxxx"));
+  EXPECT_THAT(join("evil\nINFO forged log line").reason(),
+              HasSubstr("must be at most 128 printable ASCII characters"));
+
+  // A member that misbehaves.
+  const v1::JoinReply member = join("intruder");
+  ASSERT_TRUE(member.accepted()) << member.reason();
+  const std::string token = member.session_token();
+
+  // The store: values over its limit, messages over the server's, an unknown token.
+  auto store_set = [&](const std::string& session, size_t value_bytes) {
+    grpc::ClientContext ctx;
+    deadline(ctx);
+    v1::StoreRequest r;
+    r.set_session_token(session);
+    r.mutable_set()->set_key("epoch/1/x");
+    r.mutable_set()->set_value(std::string(value_bytes, 'v'));
+    v1::StoreReply reply;
+    return stub->Store(&ctx, r, &reply);
+  };
+  EXPECT_TRUE(store_set(token, 100).ok());
+  grpc::Status s = store_set(token, 2 << 20);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("store value of 2097152 bytes"));
+  EXPECT_EQ(store_set(token, 5 << 20).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(store_set("forged", 10).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+
+  // FetchTensors: names that do not exist or look like paths; the answer names no server path.
+  {
+    grpc::ClientContext ctx;
+    deadline(ctx);
+    v1::FetchTensorsRequest r;
+    r.set_session_token(token);
+    r.add_names("../../../../etc/passwd");
+    auto reader = stub->FetchTensors(&ctx, r);
+    v1::TensorChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("no tensor '../../../../etc/passwd'"));
+    EXPECT_THAT(s.error_message(), ::testing::Not(HasSubstr(dir_->path())));
+  }
+
+  // Train streams: an unknown session token; the member's token on a second stream.
+  auto open_train = [&](const std::string& session, const v1::WorkerMessage* then = nullptr) {
+    grpc::ClientContext ctx;
+    deadline(ctx);
+    auto stream = stub->Train(&ctx);
+    v1::WorkerMessage hello;
+    hello.set_session_token(session);
+    hello.mutable_heartbeat();
+    stream->Write(hello);
+    if (then != nullptr) stream->Write(*then);
+    stream->WritesDone();
+    v1::CoordinatorMessage m;
+    while (stream->Read(&m)) {
+    }
+    return stream->Finish();
+  };
+  EXPECT_EQ(open_train("forged").error_code(), grpc::StatusCode::NOT_FOUND);
+  grpc::ClientContext member_ctx;
+  RawClientStream stream(*channel, "/flashdraft.v1.Coordinator/Train", &member_ctx);
+  auto send = [&](v1::WorkerMessage m) {
+    m.set_worker_id("intruder");
+    m.set_session_token(token);
+    return stream.Write(MessageToBuffer(m));
+  };
+  ASSERT_TRUE(send([] {
+    v1::WorkerMessage hello;
+    hello.mutable_heartbeat();
+    return hello;
+  }()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // bound before the second stream
+  s = open_train(token);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << s.error_message();
+
+  // Acks of a future step, of a stale epoch, twice: ignored (never counted for a step).
+  for (const auto& [step, epoch] : {std::pair<uint64_t, uint64_t>{999, 1}, {0, 0}, {0, 0}}) {
+    v1::WorkerMessage m;
+    m.mutable_ack()->set_step(step);
+    m.mutable_ack()->set_membership_epoch(epoch);
+    EXPECT_TRUE(send(m));
+  }
+  // A checkpoint chunk nobody asked for, claiming a 1 TB tensor: nothing is allocated.
+  const int64_t rss_before = ResidentBytes(coordinator.pid());
+  {
+    v1::WorkerMessage m;
+    v1::TensorChunk* c = m.mutable_tensor_chunk();
+    c->set_name("drafter.fc.weight");
+    c->set_dtype(v1::U8);
+    c->add_shape(int64_t{1} << 40);
+    c->set_total_bytes(uint64_t{1} << 40);
+    c->set_data("x");
+    EXPECT_TRUE(send(m));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int64_t rss_after = ResidentBytes(coordinator.pid());
+  EXPECT_GT(rss_before, 0);
+  EXPECT_LT(rss_after - rss_before, int64_t{32} << 20) << rss_before << " -> " << rss_after;
+  // Bytes that are not a WorkerMessage end the member's stream.
+  const char garbage[] = "\xff\xff\xff\xff\x0f";
+  grpc::Slice slice(garbage, sizeof(garbage) - 1);
+  stream.Write(grpc::ByteBuffer(&slice, 1));
+  grpc::ByteBuffer ignored;
+  while (stream.Read(&ignored)) {
+  }
+  stream.WritesDone();
+  s = stream.Finish();
+  // (dropped from the job as failed, which ends its stream as ABORTED)
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("failed: sent a malformed WorkerMessage"));
+
+  silent.join();
+  EXPECT_EQ(silent_status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << silent_status.error_message();
+  EXPECT_THAT(silent_status.error_message(), HasSubstr("no first message on the Train stream"));
+
+  // A healthy worker now trains the job to the reference's numbers.
+  const int worker =
+      StartProcess({kBin + "/flashdraft-worker", "--coordinator", address, "--id", "healthy",
+                    "--tls-ca", Pki("ca.pem"), "--tls-cert", Pki("worker.pem"), "--tls-key",
+                    Pki("worker.key"), "--token-file", Pki("token")},
+                   dir_->Join("hostile-worker.log"));
+  EXPECT_EQ(coordinator.Wait(120), 0) << *ReadFile(log);
+  int status = 0;
+  waitpid(worker, &status, 0);
+  EXPECT_EQ(FirstDifferentStep(ReadSteps(dir_->Join("hostile-reference/steps.jsonl")),
+                               ReadSteps(dir_->Join("hostile/steps.jsonl"))),
+            "");
 }
 
 }  // namespace

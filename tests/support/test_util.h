@@ -59,13 +59,19 @@ class CoordinatorProcess {
   CoordinatorProcess& operator=(const CoordinatorProcess&) = delete;
   // Sends SIGTERM and returns the exit code.
   int Terminate();
+  // Waits up to `seconds` for it to exit by itself: its exit code, or -1 (then it is killed).
+  int Wait(double seconds);
   // The bound port; 0 when it did not start within 30 s.
   int port() const { return port_; }
+  int pid() const { return pid_; }
 
  private:
   int pid_ = -1;
   int port_ = 0;
 };
+
+// The resident set size of process `pid` in bytes (VmRSS), or -1.
+int64_t ResidentBytes(int pid);
 
 // The pid of a process whose command line contains every one of `parts`, or -1.
 int FindProcess(const std::vector<std::string>& parts);
