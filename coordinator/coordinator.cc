@@ -504,9 +504,11 @@ void Coordinator::OnCollectiveFailure(const std::string& token,
   cv_.notify_all();
 }
 
-void Coordinator::FailUploadLocked(std::string why) {
+void Coordinator::FailUploadLocked(const std::string& token, const std::string& why) {
+  // A worker that sends a broken upload is broken: it leaves the job (the checkpoint waiting for
+  // it is skipped, TakeCheckpoint) and the others go on.
   upload_->Reset();
-  if (failure_.ok()) failure_ = absl::DataLossError(absl::StrCat("checkpoint upload: ", why));
+  DropSessionLocked(token, absl::StrCat("failed: sent a bad checkpoint upload: ", why));
   cv_.notify_all();
 }
 
@@ -517,7 +519,7 @@ void Coordinator::OnCheckpointUpload(const std::string& token, const v1::Checkpo
   if (absl::IsFailedPrecondition(s)) {
     LOG(WARNING) << "ignored a checkpoint upload: " << s.message();
   } else if (!s.ok()) {
-    FailUploadLocked(std::string(s.message()));
+    FailUploadLocked(token, std::string(s.message()));
   }
 }
 
@@ -526,7 +528,7 @@ void Coordinator::OnCheckpointChunk(const std::string& token, const v1::TensorCh
   membership_->Heard(token);
   absl::Status s = upload_->Add(token, chunk);
   if (absl::IsFailedPrecondition(s)) return;  // of an upload that was given up: dropped
-  if (!s.ok()) return FailUploadLocked(std::string(s.message()));
+  if (!s.ok()) return FailUploadLocked(token, std::string(s.message()));
   if (!upload_->active()) cv_.notify_all();
 }
 

@@ -158,7 +158,9 @@ class Coordinator {
   // Resumes from the newest checkpoint (checkpoint.resume): its weights and optimizer state become
   // what FetchTensors serves, steps.jsonl keeps the records before it. False when there is none.
   absl::StatusOr<bool> Resume();
-  void FailUploadLocked(std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `token` sent a broken checkpoint upload: it is dropped as failed, the checkpoint skipped.
+  void FailUploadLocked(const std::string& token, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   JobConfig job_;
   DrafterModelConfig drafter_config_;

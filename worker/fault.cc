@@ -20,21 +20,25 @@ absl::StatusOr<FaultPlan> ParseFault(const char* env) {
   if (parts.size() != 3 || !absl::StartsWith(parts[1], "step=") ||
       !absl::StartsWith(parts[2], "rank=") ||
       (parts[0] != "forward" && parts[0] != "reduce" && parts[0] != "upload" &&
-       parts[0] != "stall") ||
+       parts[0] != "stall" && parts[0] != "corrupt") ||
       !absl::SimpleAtoi(parts[1].substr(5), &plan.step) ||
       !absl::SimpleAtoi(parts[2].substr(5), &plan.rank)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "FLASHDRAFT_FAULT='", env, "': expected <forward|reduce|upload|stall>:step=<n>:rank=<r>"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("FLASHDRAFT_FAULT='", env,
+                     "': expected <forward|reduce|upload|stall|corrupt>:step=<n>:rank=<r>"));
   }
   plan.point = parts[0];
   plan.armed = true;
   return plan;
 }
 
+bool FaultDue(const FaultPlan& plan, const char* point, uint64_t step, int rank, uint64_t epoch) {
+  return plan.armed && plan.point == point && plan.step == step && plan.rank == rank && epoch == 1;
+}
+
 void MaybeFault(const FaultPlan& plan, const char* point, uint64_t step, int rank, uint64_t epoch) {
-  const bool stall = plan.point == "stall" && std::string(point) == "forward";
-  if (!plan.armed || (plan.point != point && !stall) || plan.step != step || plan.rank != rank ||
-      epoch != 1) {
+  const bool stall = std::string(point) == "forward" && FaultDue(plan, "stall", step, rank, epoch);
+  if (!stall && (std::string(point) == "corrupt" || !FaultDue(plan, point, step, rank, epoch))) {
     return;
   }
   if (stall) {

@@ -6,6 +6,8 @@
 //   upload   SIGKILL inside the checkpoint upload of the state after s steps, after one tensor
 //   stall    its training thread stops for good inside forward while the rest of the process
 //            (heartbeats) goes on: a stuck kernel, a deadlock
+//   corrupt  the checkpoint upload of the state after s steps carries a chunk with a wrong CRC-32C
+//            (a broken worker; the process lives on)
 // Unset: nothing happens; a malformed value stops the worker at start rather than being ignored.
 // Only the first epoch fires, so that a restarted or re-formed worker trains normally.
 #pragma once
@@ -25,7 +27,9 @@ struct FaultPlan {
 };
 
 absl::StatusOr<FaultPlan> ParseFault(const char* env);
-// Fires the planned fault when (point, step, rank, epoch) is the planned one.
+// Whether (point, step, rank, epoch) is the planned fault.
+bool FaultDue(const FaultPlan& plan, const char* point, uint64_t step, int rank, uint64_t epoch);
+// Fires the planned fault (forward, reduce, upload: SIGKILL; stall) when it is due.
 void MaybeFault(const FaultPlan& plan, const char* point, uint64_t step, int rank, uint64_t epoch);
 
 }  // namespace flashdraft

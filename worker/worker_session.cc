@@ -322,8 +322,17 @@ void WorkerSession::StartUpload(uint64_t completed_steps) {
   progress_.Enter("snapshot", completed_steps - 1, true);
   upload_ = std::thread([this, snapshot = SnapshotState(*drafter_, trainer_.optimizer()),
                          completed_steps, at_epoch = epoch_, at_rank = rank_] {
+    bool corrupt = FaultDue(setup_.fault, "corrupt", completed_steps, at_rank, at_epoch);
     absl::Status sent = SendCheckpoint(
-        snapshot, completed_steps, [this](v1::WorkerMessage& m) { return Write(m); },
+        snapshot, completed_steps,
+        [&](v1::WorkerMessage& m) {
+          if (corrupt && m.has_tensor_chunk()) {  // fault test: one chunk with a wrong CRC
+            LOG(WARNING) << "FLASHDRAFT_FAULT: corrupting the checkpoint upload";
+            m.mutable_tensor_chunk()->set_crc32c(m.tensor_chunk().crc32c() ^ 1);
+            corrupt = false;
+          }
+          return Write(m);
+        },
         [&] { MaybeFault(setup_.fault, "upload", completed_steps, at_rank, at_epoch); });
     if (!sent.ok()) {
       LOG(WARNING) << "checkpoint upload after step " << completed_steps << ": " << sent.message();
