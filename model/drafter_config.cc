@@ -176,6 +176,7 @@ std::string DrafterConfigToJson(const DrafterModelConfig& c) {
   nlohmann::ordered_json j;
   j["architectures"] = {"DFlashDraftModel"};
   j["model_type"] = "qwen3";
+  j["torch_dtype"] = "bfloat16";  // the export's weights
   j["block_size"] = c.block_size;
   j["num_hidden_layers"] = c.num_hidden_layers;
   j["num_target_layers"] = c.num_target_layers;

@@ -29,6 +29,8 @@ TEST(DrafterConfigTest, ParsesTheHeadlineConfig) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->num_key_value_heads, 8);
   EXPECT_EQ(again->target_layer_ids, c->target_layer_ids);
+  // Loaders pick the weights' dtype from it (the export is BF16).
+  EXPECT_NE(DrafterConfigToJson(*c).find("\"torch_dtype\": \"bfloat16\""), std::string::npos);
 }
 
 TEST(DrafterConfigTest, DefaultTargetLayerIds) {

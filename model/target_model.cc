@@ -1,5 +1,6 @@
 #include "model/target_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -250,13 +251,19 @@ absl::StatusOr<TargetOutput> TargetModel::Forward(const torch::Tensor& input_ids
                           l.down.t());
     outputs[i] = x;
   }
+  // Layer id i means Hugging Face's output_hidden_states[i + 1], which serving feeds the drafter:
+  // the output of decoder layer i, except for the last layer, whose entry is after the model's
+  // final norm (DFLASH.md §2).
+  const bool last_requested =
+      std::find(layer_ids.begin(), layer_ids.end(), c.num_hidden_layers - 1) != layer_ids.end();
+  torch::Tensor normed;
+  if (with_logits || last_requested) normed = ApplyRmsNorm(x, final_norm_, c.rms_norm_eps);
+  if (last_requested) outputs.back() = normed;
   TargetOutput out;
   std::vector<torch::Tensor> selected;
   for (int id : layer_ids) selected.push_back(outputs[id]);
   if (!selected.empty()) out.features = torch::cat(selected, -1);
-  if (with_logits) {
-    out.logits = torch::matmul(ApplyRmsNorm(x, final_norm_, c.rms_norm_eps), lm_head_.t());
-  }
+  if (with_logits) out.logits = torch::matmul(normed, lm_head_.t());
   return out;
 }
 

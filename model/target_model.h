@@ -58,8 +58,10 @@ struct KvCache {
 };
 
 struct TargetOutput {
-  torch::Tensor features;  // [b, S, n·H]: requested layers' outputs concatenated in the given order
-  torch::Tensor logits;    // [b, S, V] when asked
+  // [b, S, n·H]: the requested layers' hidden states concatenated in the given order; id i is
+  // Hugging Face's output_hidden_states[i + 1] (the last layer's is after the final norm).
+  torch::Tensor features;
+  torch::Tensor logits;  // [b, S, V] when asked
 };
 
 class TargetModel {

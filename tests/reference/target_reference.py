@@ -74,8 +74,10 @@ def forward(cfg, w, ids):
                  (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
         hidden.append(x)
     head = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
-    logits = rmsnorm(x, w["model.norm.weight"], eps) @ head.T
-    return hidden, logits  # hidden[i + 1] is the output of decoder layer i
+    # As Hugging Face's output_hidden_states: the last entry is after the final norm.
+    hidden[-1] = rmsnorm(x, w["model.norm.weight"], eps)
+    logits = hidden[-1] @ head.T
+    return hidden, logits  # hidden[i + 1] is the output of decoder layer i (the last one normed)
 
 
 def read_safetensors(path):
