@@ -5,7 +5,10 @@
 // As in a job, the sender (the coordinator's side) runs in its own process: this binary re-executes
 // itself with --serve, the child prints its ports and sends on request until its stdin closes.
 //
-//   stream_bench [--mib 512] [--repeats 3] [--tune-malloc 0|1] [--protobuf 0|1]
+// With --tls-dir (a folder deploy/make-certs.sh wrote) the zero-copy path is also measured over
+// mutual TLS with the job secret on the call, as a secured job streams.
+//
+//   stream_bench [--mib 512] [--repeats 3] [--tune-malloc 0|1] [--protobuf 0|1] [--tls-dir DIR]
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -26,6 +29,7 @@
 #include "common/malloc_tuning.h"
 #include "common/queued_writer.h"
 #include "common/raw_client_stream.h"
+#include "common/security.h"
 #include "common/tensor_codec.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
 
@@ -210,17 +214,20 @@ std::vector<uint8_t> TestBytes(size_t n) {
   return bytes;
 }
 
-std::unique_ptr<grpc::Server> StartServer(grpc::Service* service, int* port) {
+std::unique_ptr<grpc::Server> StartServer(
+    grpc::Service* service, int* port,
+    std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials()) {
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  builder.AddListeningPort("127.0.0.1:0", credentials, port);
   builder.SetMaxSendMessageSize(kMaxMessage);
   builder.RegisterService(service);
   return builder.BuildAndStart();
 }
 
-// The sender process: serves both gRPC paths and the raw TCP peer, prints "<grpc> <zero-copy>
-// <tcp>" ports on stdout and runs until its stdin closes (the parent exited or is done).
-int Serve(size_t n, bool tune_malloc) {
+// The sender process: serves both gRPC paths, the zero-copy path over mutual TLS when `tls_dir`
+// holds deploy/make-certs.sh's files, and the raw TCP peer; prints "<grpc> <zero-copy> <tcp>
+// <tls or 0>" ports on stdout and runs until its stdin closes (the parent exited or is done).
+int Serve(size_t n, bool tune_malloc, const std::string& tls_dir) {
   if (tune_malloc) flashdraft::TuneMallocForStreaming();  // as the coordinator's side would
   // The batch as the coordinator packs it: copied, with every chunk's CRC computed on the way.
   const std::vector<uint8_t> data = TestBytes(n);
@@ -234,6 +241,19 @@ int Serve(size_t n, bool tune_malloc) {
   int port = 0, zc_port = 0;
   auto server = StartServer(&service, &port);
   auto zc_server = StartServer(&zero_copy_service, &zc_port);
+  int tls_port = 0;
+  std::unique_ptr<grpc::Server> tls_server;
+  if (!tls_dir.empty()) {
+    flashdraft::SecurityConfig security;  // as a job with mutual TLS and a token sets it
+    security.tls_cert = tls_dir + "/coordinator.pem";
+    security.tls_key = tls_dir + "/coordinator.key";
+    security.tls_ca = tls_dir + "/ca.pem";
+    security.token_file = tls_dir + "/token";
+    auto server_security =
+        flashdraft::ServerSecurity::Create(security, flashdraft::RealClock::Get());
+    if (!server_security.ok()) Fail(std::string(server_security.status().message()));
+    tls_server = StartServer(&zero_copy_service, &tls_port, (*server_security)->credentials());
+  }
   int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -246,7 +266,7 @@ int Serve(size_t n, bool tune_malloc) {
     Fail("sender: cannot listen on loopback");
   }
   std::thread tcp([&] { ServeTcp(listener, src); });
-  std::printf("%d %d %d\n", port, zc_port, ntohs(addr.sin_port));
+  std::printf("%d %d %d %d\n", port, zc_port, ntohs(addr.sin_port), tls_port);
   std::fflush(stdout);
   char c;
   while (read(STDIN_FILENO, &c, 1) > 0) {
@@ -256,11 +276,13 @@ int Serve(size_t n, bool tune_malloc) {
   tcp.join();
   server->Shutdown();
   zc_server->Shutdown();
+  if (tls_server) tls_server->Shutdown();
   return 0;
 }
 
 // Starts this binary as the sender process; returns its pid, the write end of its stdin, its ports.
-pid_t SpawnSender(size_t mib, bool tune_malloc, int* stdin_fd, int ports[3]) {
+pid_t SpawnSender(size_t mib, bool tune_malloc, const std::string& tls_dir, int* stdin_fd,
+                  int ports[4]) {
   int to_child[2], from_child[2];
   if (pipe(to_child) != 0 || pipe(from_child) != 0) Fail("pipe failed");
   posix_spawn_file_actions_t actions;
@@ -277,6 +299,8 @@ pid_t SpawnSender(size_t mib, bool tune_malloc, int* stdin_fd, int ports[3]) {
                   const_cast<char*>(mib_arg.c_str()),
                   const_cast<char*>("--tune-malloc"),
                   const_cast<char*>(tune_arg.c_str()),
+                  const_cast<char*>("--tls-dir"),
+                  const_cast<char*>(tls_dir.c_str()),
                   nullptr};
   pid_t pid = 0;
   if (posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, args, environ) != 0) {
@@ -286,7 +310,8 @@ pid_t SpawnSender(size_t mib, bool tune_malloc, int* stdin_fd, int ports[3]) {
   close(to_child[0]);
   close(from_child[1]);
   FILE* out = fdopen(from_child[0], "r");
-  if (out == nullptr || std::fscanf(out, "%d %d %d", &ports[0], &ports[1], &ports[2]) != 3) {
+  if (out == nullptr ||
+      std::fscanf(out, "%d %d %d %d", &ports[0], &ports[1], &ports[2], &ports[3]) != 4) {
     Fail("the sender process did not report its ports");
   }
   std::fclose(out);
@@ -302,7 +327,9 @@ int main(int argc, char** argv) {
   int tune_malloc = 1;
   bool serve = false;
   bool protobuf = true;
+  std::string tls_dir;
   for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::string(argv[i]) == "--tls-dir") tls_dir = argv[i + 1];
     if (std::string(argv[i]) == "--mib") mib = std::stoul(argv[i + 1]);
     if (std::string(argv[i]) == "--repeats") repeats = std::stoi(argv[i + 1]);
     if (std::string(argv[i]) == "--tune-malloc") tune_malloc = std::stoi(argv[i + 1]);
@@ -310,10 +337,10 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--protobuf") protobuf = std::string(argv[i + 1]) == "1";
   }
   const size_t n = mib << 20;
-  if (serve) return Serve(n, tune_malloc != 0);
+  if (serve) return Serve(n, tune_malloc != 0, tls_dir);
   int sender_stdin = -1;
-  int ports[3] = {0, 0, 0};
-  const pid_t sender = SpawnSender(mib, tune_malloc != 0, &sender_stdin, ports);
+  int ports[4] = {0, 0, 0, 0};
+  const pid_t sender = SpawnSender(mib, tune_malloc != 0, tls_dir, &sender_stdin, ports);
   if (tune_malloc) flashdraft::TuneMallocForStreaming();  // as flashdraft-worker does
   const std::vector<uint8_t> src = TestBytes(n);
   std::vector<uint8_t> dst(n, 0);
@@ -323,8 +350,19 @@ int main(int argc, char** argv) {
       "127.0.0.1:" + std::to_string(ports[0]), grpc::InsecureChannelCredentials(), args));
   auto zc_channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(ports[1]),
                                               grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::Channel> tls_channel;
+  if (!tls_dir.empty()) {  // the worker's channel: mutual TLS and the job secret
+    flashdraft::ClientSecurity client;
+    client.tls_ca = tls_dir + "/ca.pem";
+    client.tls_cert = tls_dir + "/worker.pem";
+    client.tls_key = tls_dir + "/worker.key";
+    client.token_file = tls_dir + "/token";
+    auto channel = flashdraft::CreateSecureChannel("127.0.0.1:" + std::to_string(ports[3]), client);
+    if (!channel.ok()) Fail(std::string(channel.status().message()));
+    tls_channel = *channel;
+  }
 
-  double grpc_best = 1e9, zc_best = 1e9, tcp_best = 1e9;
+  double grpc_best = 1e9, zc_best = 1e9, tcp_best = 1e9, tls_best = 1e9;
   auto check = [&] {
     if (std::memcmp(src.data(), dst.data(), n) != 0) Fail("received bytes differ");
     std::fill(dst.begin(), dst.end(), 0);
@@ -337,6 +375,10 @@ int main(int argc, char** argv) {
   check();
   TcpSeconds(ports[2], dst);
   check();
+  if (tls_channel) {
+    ZeroCopySeconds(tls_channel, dst);
+    check();
+  }
   for (int r = 0; r < repeats; ++r) {
     if (protobuf) {
       grpc_best = std::min(grpc_best, GrpcSeconds(*stub, dst));
@@ -346,6 +388,10 @@ int main(int argc, char** argv) {
     check();
     tcp_best = std::min(tcp_best, TcpSeconds(ports[2], dst));
     check();
+    if (tls_channel) {
+      tls_best = std::min(tls_best, ZeroCopySeconds(tls_channel, dst));
+      check();
+    }
   }
   close(sender_stdin);
   int wstatus = 0;
@@ -360,6 +406,10 @@ int main(int argc, char** argv) {
               100.0);
   std::printf("%-40s %8.3f %8.2f %9.0f%%\n", "gRPC zero-copy chunks (flashdraft)", zc_best,
               gb / zc_best, 100.0 * tcp_best / zc_best);
+  if (tls_channel) {
+    std::printf("%-40s %8.3f %8.2f %9.0f%%\n", "gRPC zero-copy chunks, mutual TLS + token",
+                tls_best, gb / tls_best, 100.0 * tcp_best / tls_best);
+  }
   if (protobuf) {
     std::printf("%-40s %8.3f %8.2f %9.0f%%\n", "gRPC protobuf TensorChunk messages", grpc_best,
                 gb / grpc_best, 100.0 * tcp_best / grpc_best);
