@@ -404,6 +404,11 @@ int64_t EffectiveVirtualShards(const JobConfig& c) {
   return std::max(8, c.cluster.max_workers);
 }
 
+double EffectiveLossDecayGamma(const JobConfig& c) {
+  if (c.drafter.loss_decay_gamma > 0) return c.drafter.loss_decay_gamma;
+  return DefaultLossDecayGamma(c.drafter.block_size).value_or(7.0);
+}
+
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::string& source) {
   YAML::Node root;
   try {

@@ -169,6 +169,9 @@ bool IsLoopbackListen(const std::string& listen);
 // job sums with the plain all-reduce (one shard per worker).
 int64_t EffectiveVirtualShards(const JobConfig& config);
 
+// drafter.loss_decay_gamma after its default for the block size (a validated job has one).
+double EffectiveLossDecayGamma(const JobConfig& config);
+
 // What makes two runs the same training run, as 8 hex digits: the target, drafter, data and the
 // optimizer's settings and seed. Not the place (output_dir, cluster, checkpoint, metrics,
 // security), the length (max_steps, epochs) or how the arithmetic is spread (threads, reduction).

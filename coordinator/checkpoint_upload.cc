@@ -3,18 +3,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/chunk_wire.h"
 #include "common/dtype.h"
+#include "common/security.h"
 
 namespace flashdraft {
-
-namespace {
-
-uint64_t SpecBytes(const TensorSpec& spec) {
-  uint64_t n = ElementSize(spec.dtype);
-  for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
-  return n;
-}
-
-}  // namespace
 
 std::vector<TensorSpec> CheckpointUploadSpecs(const std::vector<TensorSpec>& parameters) {
   std::vector<TensorSpec> out;
@@ -30,8 +21,11 @@ std::vector<TensorSpec> CheckpointUploadSpecs(const std::vector<TensorSpec>& par
 
 UploadReceiver::UploadReceiver(std::vector<TensorSpec> expected) {
   for (TensorSpec& spec : expected) {
+    // The coordinator's own shapes; one that does not size (it cannot) takes no bytes.
+    const uint64_t bytes = ByteSize(spec.dtype, spec.shape).value_or(0);
+    max_bytes_ += bytes;
     std::string name = spec.name;
-    expected_.emplace(std::move(name), std::move(spec));
+    expected_.emplace(std::move(name), Expected{std::move(spec), bytes});
   }
 }
 
@@ -56,20 +50,18 @@ absl::Status UploadReceiver::Begin(const std::string& token, const v1::Checkpoin
   }
   active_ = true;
   remaining_ = announce.num_tensors();
-  uint64_t max_bytes = 0;
-  for (const auto& [name, spec] : expected_) max_bytes += SpecBytes(spec);
   assembler_ = std::make_unique<TensorAssembler>(
       [this](const TensorSpec& spec, uint64_t nbytes) -> absl::StatusOr<void*> {
         auto it = expected_.find(spec.name);
         if (it == expected_.end()) {
-          return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name.substr(0, 128),
+          return absl::InvalidArgumentError(absl::StrCat("tensor '", Untrusted(spec.name),
                                                          "' is not part of the drafter's state"));
         }
-        if (!(it->second == spec) || nbytes != SpecBytes(spec)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("tensor '", spec.name, "' is ", DTypeName(spec.dtype), " ",
-                           ShapeString(spec.shape), "; the drafter's is ",
-                           DTypeName(it->second.dtype), " ", ShapeString(it->second.shape)));
+        const TensorSpec& want = it->second.spec;
+        if (!(want == spec) || nbytes != it->second.bytes) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "tensor '", spec.name, "' is ", DTypeName(spec.dtype), " ", ShapeString(spec.shape),
+              "; the drafter's is ", DTypeName(want.dtype), " ", ShapeString(want.shape)));
         }
         if (!received_.insert(spec.name).second) {
           return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name, "' came twice"));
@@ -77,7 +69,7 @@ absl::Status UploadReceiver::Begin(const std::string& token, const v1::Checkpoin
         tensors_.push_back({spec, std::vector<uint8_t>(nbytes)});
         return tensors_.back().bytes.data();
       },
-      max_bytes);
+      max_bytes_);
   return absl::OkStatus();
 }
 

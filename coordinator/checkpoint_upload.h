@@ -55,7 +55,12 @@ class UploadReceiver {
   bool active() const { return active_; }
 
  private:
-  std::map<std::string, TensorSpec> expected_;
+  struct Expected {
+    TensorSpec spec;
+    uint64_t bytes = 0;
+  };
+  std::map<std::string, Expected> expected_;
+  uint64_t max_bytes_ = 0;          // all of them together
   std::set<std::string> received_;  // names allocated in this upload
   std::string token_;               // the expected uploader
   uint64_t completed_steps_ = 0;    // the expected state

@@ -98,8 +98,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   FD_ASSIGN_OR_RETURN(c->target_, SafetensorsModel::Open(bundle.target_tensors_path));
   const std::vector<int64_t> table = {dc.vocab_size, dc.hidden_size};
   FD_RETURN_IF_ERROR(c->target_->GetChecked("embed_tokens.weight", DType::kF32, table).status());
-  c->gamma_ = j.drafter.loss_decay_gamma > 0 ? j.drafter.loss_decay_gamma
-                                             : *DefaultLossDecayGamma(j.drafter.block_size);
+  c->gamma_ = EffectiveLossDecayGamma(j);
   SchedulerOptions so;
   so.seed = j.train.seed;
   so.global_batch_size = j.train.global_batch_size;

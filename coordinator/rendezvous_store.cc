@@ -27,13 +27,17 @@ absl::Status RendezvousStore::CheckRoomLocked(const std::string& key, size_t val
   return absl::OkStatus();
 }
 
-absl::Status RendezvousStore::Set(const std::string& key, std::string value) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = CheckRoomLocked(key, value.size()); !s.ok()) return s;
+void RendezvousStore::PutLocked(const std::string& key, std::string value) {
   auto [it, inserted] = values_.try_emplace(key);
   total_bytes_ -= inserted ? 0 : key.size() + it->second.size();
   total_bytes_ += key.size() + value.size();
   it->second = std::move(value);
+}
+
+absl::Status RendezvousStore::Set(const std::string& key, std::string value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status s = CheckRoomLocked(key, value.size()); !s.ok()) return s;
+  PutLocked(key, std::move(value));
   return absl::OkStatus();
 }
 
@@ -59,10 +63,7 @@ absl::StatusOr<int64_t> RendezvousStore::Add(const std::string& key, int64_t del
   }
   std::string text = std::to_string(next);
   if (absl::Status s = CheckRoomLocked(key, text.size()); !s.ok()) return s;
-  auto [it, inserted] = values_.try_emplace(key);
-  total_bytes_ -= inserted ? 0 : key.size() + it->second.size();
-  total_bytes_ += key.size() + text.size();
-  it->second = std::move(text);
+  PutLocked(key, std::move(text));
   return next;
 }
 

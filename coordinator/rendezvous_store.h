@@ -46,6 +46,8 @@ class RendezvousStore {
   // OK when `key` may take a value of `value_bytes` bytes (replacing what it holds).
   absl::Status CheckRoomLocked(const std::string& key, size_t value_bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores `value` under `key` (CheckRoomLocked said it fits), keeping total_bytes_.
+  void PutLocked(const std::string& key, std::string value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StoreLimits limits_;
   mutable std::mutex mu_;

@@ -173,11 +173,7 @@ class CoordinatorServiceImpl
         status = absl::InvalidArgumentError("empty store request");
         break;
     }
-    if (!status.ok()) {
-      reactor->Finish(ToGrpcStatus(status));
-      return reactor;
-    }
-    reactor->Finish(grpc::Status::OK);
+    reactor->Finish(ToGrpcStatus(status));
     return reactor;
   }
 

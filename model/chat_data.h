@@ -1,10 +1,7 @@
-// Chat data lines (JSONL) → tokens, shared by `flashdraft prepare` and the online target source:
-//   {"input_ids": [...], "loss_mask": [...]}                 already tokenized
-//   {"messages": [{"role": "user", "content": "..."}, ...]}    OpenAI style (+ reasoning_content)
-//   {"conversations": [{"from": "human", "value": "..."}, ...]} ShareGPT style (human/gpt/system)
-// Chats are rendered with the Qwen3 chat template and tokenized with the target's tokenizer.json
-// (loss on the assistant turns); `regenerate` first replaces every assistant turn by the target's
-// own greedy answer.
+// Chat data lines (JSONL, the forms common/chat_line.h parses) → tokens, shared by `flashdraft
+// prepare` and the online target source. Chats are rendered with the Qwen3 chat template and
+// tokenized with the target's tokenizer.json (loss on the assistant turns); `regenerate` first
+// replaces every assistant turn by the target's own greedy answer.
 #pragma once
 
 #include <cstdint>

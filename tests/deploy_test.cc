@@ -29,6 +29,7 @@ using ::flashdraft::testing::ReadSteps;
 using ::flashdraft::testing::RunCommand;
 using ::flashdraft::testing::StartProcess;
 using ::flashdraft::testing::TempDir;
+using ::flashdraft::testing::WaitForPortFile;
 using ::testing::HasSubstr;
 
 const std::string kBin = FLASHDRAFT_BIN_DIR;
@@ -105,12 +106,7 @@ TEST(DeployTest, TheUnitsCommandLinesTrainASecuredJob) {
   const std::vector<std::string> coordinator_argv = ExecStart(
       "flashdraft-coordinator@.service", "demo", {{"FLASHDRAFT_COORDINATOR_ARGS", ""}}, root);
   const int coordinator = StartProcess(coordinator_argv, root + "/coordinator.log");
-  int port = 0;
-  for (int i = 0; i < 600 && port == 0; ++i) {
-    std::ifstream in(root + "/run/flashdraft-demo/coordinator.port");
-    if (!(in >> port)) port = 0;
-    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const int port = WaitForPortFile(root + "/run/flashdraft-demo/coordinator.port");
   ASSERT_GT(port, 0) << *ReadFile(root + "/coordinator.log");
   // worker.env as the example writes it, with this test's paths.
   std::map<std::string, std::string> env;

@@ -31,6 +31,7 @@ using ::flashdraft::testing::ReadSteps;
 using ::flashdraft::testing::RunCommand;
 using ::flashdraft::testing::StartProcess;
 using ::flashdraft::testing::TempDir;
+using ::flashdraft::testing::WaitForPortFile;
 using ::testing::HasSubstr;
 
 const std::string kBin = FLASHDRAFT_BIN_DIR;
@@ -466,10 +467,7 @@ TEST_F(ElasticTest, AWorkerWhoseNetworkIsCutIsLostAfterTheHeartbeatTimeout) {
       processes_.Start({kBin + "/flashdraft-coordinator", "--job", out + "/job.yaml", "--port-file",
                         out + "/coordinator.port"},
                        out + ".log");
-  for (int i = 0; i < 1000 && Port(out) == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_GT(Port(out), 0) << *ReadFile(out + ".log");
+  ASSERT_GT(WaitForPortFile(out + "/coordinator.port", 10), 0) << *ReadFile(out + ".log");
   const std::string address = absl::StrCat(ns.host_address(), ":", Port(out));
   // Rank 0 of the last epoch exports the drafter: a host worker, whatever the join order.
   processes_.Start({"/usr/sbin/ip", "netns", "exec", ns.name(), kBin + "/flashdraft-worker",

@@ -63,9 +63,7 @@ WorkerSession::WorkerSession(SessionSetup setup, SessionHooks hooks)
   reduction_.bucket_bytes = static_cast<size_t>(job.cluster.allreduce_bucket_mib * (1 << 20));
   reduction_.ordered = job.train.deterministic_reduction;
   virtual_shards_ = EffectiveVirtualShards(job);
-  gamma_ = job.drafter.loss_decay_gamma > 0
-               ? job.drafter.loss_decay_gamma
-               : DefaultLossDecayGamma(job.drafter.block_size).value_or(7.0);
+  gamma_ = EffectiveLossDecayGamma(job);
   setup_.gloo.timeout = std::chrono::milliseconds(
       static_cast<int64_t>(job.cluster.collective_timeout_seconds * 1000));
   if (!hooks_.on_stuck) hooks_.on_stuck = ExitStuck;

@@ -198,7 +198,7 @@ class WorkerSessionTest : public ::testing::Test {
     return result_;
   }
 
-  double Gamma() const { return DefaultLossDecayGamma(job_.drafter.block_size).value_or(7.0); }
+  double Gamma() const { return EffectiveLossDecayGamma(job_); }
 
   // The step's Σw over both shards.
   double WeightSum() {

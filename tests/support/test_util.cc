@@ -151,6 +151,16 @@ int StartProcess(const std::vector<std::string>& argv, const std::string& log,
   return pid;
 }
 
+int WaitForPortFile(const std::string& path, double seconds) {
+  for (int i = 0; i < seconds * 20; ++i) {
+    int port = 0;
+    std::ifstream in(path);
+    if (in >> port && port > 0) return port;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return 0;
+}
+
 CoordinatorProcess::CoordinatorProcess(const std::string& bin, const std::string& job,
                                        const std::string& log) {
   const std::string port_file = job + ".port";
@@ -158,11 +168,7 @@ CoordinatorProcess::CoordinatorProcess(const std::string& bin, const std::string
   std::filesystem::remove(port_file);
   pid_ = StartProcess({bin + "/flashdraft-coordinator", "--job", job, "--port-file", port_file},
                       log.empty() ? "/dev/null" : log);
-  for (int i = 0; i < 600 && port_ == 0; ++i) {
-    std::ifstream in(port_file);
-    if (!(in >> port_)) port_ = 0;
-    if (port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  port_ = WaitForPortFile(port_file);
 }
 
 CoordinatorProcess::~CoordinatorProcess() {

@@ -49,6 +49,10 @@ std::string ShellQuote(const std::string& s);
 int StartProcess(const std::vector<std::string>& argv, const std::string& log,
                  const std::vector<std::string>& env = {});
 
+// The port a process wrote to `path` (as --port-file does), waiting up to `seconds` for it; 0 when
+// none came.
+int WaitForPortFile(const std::string& path, double seconds = 30);
+
 // A flashdraft-coordinator process on port 0 for protocol-level tests (`bin`: the directory of the
 // binaries; stderr into `log`, or nowhere). SIGKILLed when destroyed.
 class CoordinatorProcess {
