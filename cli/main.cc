@@ -57,15 +57,6 @@ absl::Status CallFailed(const std::string& address, const grpc::Status& s) {
       absl::StrCat("no coordinator answering at ", address, ": ", s.error_message()));
 }
 
-// The client security of `status`: the flags, or with --job the job file's security section.
-absl::StatusOr<ClientSecurity> StatusSecurity(const std::string& job_path,
-                                              const ClientSecurity& flags) {
-  if (job_path.empty()) return flags;
-  absl::StatusOr<JobConfig> job = LoadJobConfig(job_path);
-  if (!job.ok()) return job.status();
-  return ClientSecurityFor(job->security);
-}
-
 // `flashdraft status ADDR --drain WORKER`: WORKER is a rank of the current epoch or a worker id.
 int Drain(const std::string& address, const ClientSecurity& security, const std::string& worker) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateSecureChannel(address, security);
@@ -303,11 +294,8 @@ int main(int argc, char** argv) {
                      "make this worker (a rank of the current epoch, or a worker id) leave at "
                      "the next step boundary");
   flashdraft::ClientSecurity status_security;
-  flashdraft::AddClientSecurityFlags(*status, status_security);
   std::string status_job;
-  status->add_option("--job", status_job,
-                     "take the TLS files and the job secret from this job file's security "
-                     "section (client_cert/client_key, tls_ca, server_name, token_file)");
+  flashdraft::AddClientSecurityFlags(*status, status_security, status_job);
 
   app.add_subcommand("version", "Print the version");
 
@@ -330,7 +318,7 @@ int main(int argc, char** argv) {
   }
   if (status->parsed()) {
     absl::StatusOr<flashdraft::ClientSecurity> security =
-        flashdraft::StatusSecurity(status_job, status_security);
+        flashdraft::ClientSecurityFromJob(status_job, status_security);
     if (!security.ok()) return flashdraft::Fail(security.status());
     if (!drain_worker.empty()) return flashdraft::Drain(status_address, *security, drain_worker);
     return flashdraft::PrintStatus(status_address, *security);

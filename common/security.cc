@@ -226,6 +226,14 @@ ClientSecurity ClientSecurityFor(const SecurityConfig& s) {
   return c;
 }
 
+absl::StatusOr<ClientSecurity> ClientSecurityFromJob(const std::string& job_path,
+                                                     const ClientSecurity& flags) {
+  if (job_path.empty()) return flags;
+  absl::StatusOr<JobConfig> job = LoadJobConfig(job_path);
+  if (!job.ok()) return job.status();
+  return ClientSecurityFor(job->security);
+}
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateSecureChannel(const std::string& address,
                                                                    const ClientSecurity& s) {
   grpc::ChannelArguments args = ClientChannelArguments();

@@ -48,6 +48,10 @@ struct ClientSecurity {
 
 // What a client started by `flashdraft launch` (or `status --job`) uses for this job.
 ClientSecurity ClientSecurityFor(const SecurityConfig& security);
+// `flags` when `job_path` is empty; otherwise ClientSecurityFor the security section of that job
+// file (a worker or `status` on a host that shares the job file, e.g. under Slurm).
+absl::StatusOr<ClientSecurity> ClientSecurityFromJob(const std::string& job_path,
+                                                     const ClientSecurity& flags);
 
 // A channel to `address` with these credentials (and the shared keepalive and size settings);
 // errors name the file that is wrong.

@@ -21,6 +21,9 @@ PACKAGES=(
   libicu-dev
   # tests and benchmarks; clang + libFuzzer for the fuzz targets
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-dev
+  # the deploy tests: systemd-analyze for the units, a real one-node Slurm cluster (no munge
+  # needed: the test cluster uses auth/none), real LXC containers on a bridge
+  systemd slurmctld slurmd slurm-client lxc iproute2
   # reference numerics for parity tests (/usr/bin/python3 with Debian's torch), and Jinja2 for the
   # chat template as Hugging Face transformers renders it
   python3-torch python3-jinja2

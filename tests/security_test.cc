@@ -277,6 +277,16 @@ TEST_F(SecurityTest, BadFilesAreRefusedAtStartNamingTheFileAndTheFault) {
                                    " --tls-key ", Pki("expired-worker.key")));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("expired-worker.pem expired on"));
+  // --job instead of the flags: the job file's faults are named, and the two do not mix.
+  r = RunCommand(absl::StrCat(kBin, "/flashdraft-worker --coordinator 127.0.0.1:1 --job ",
+                              dir_->Join("no-such-job.yaml")));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("no-such-job.yaml"));
+  r = RunCommand(absl::StrCat(kBin, "/flashdraft-worker --coordinator 127.0.0.1:1 --job ",
+                              WriteJob("worker-job", "  token_file: " + Pki("token") + "\n"),
+                              " --token-file ", Pki("token")));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("excludes"));
   // security.insecure: true lets a plaintext job listen on every interface, with a warning.
   const std::string insecure = WriteJob("insecure", "  insecure: true\n");
   auto check = RunCommand(absl::StrCat(kBin, "/flashdraft config check ", insecure));

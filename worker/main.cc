@@ -1,5 +1,5 @@
 // flashdraft-worker --coordinator HOST:PORT [--id NAME] [--tls-ca CA --tls-cert C --tls-key K]
-//                   [--token-file F]
+//                   [--token-file F | --job JOB.yaml]
 // (intra-op threads come from the job: train.intra_op_threads, one value for every worker)
 #include <CLI/CLI.hpp>
 #include <csignal>
@@ -26,8 +26,16 @@ int main(int argc, char** argv) {
   app.add_option("--fetch-timeout", options.fetch_timeout_seconds,
                  "seconds the model's tensors may take to arrive")
       ->capture_default_str();
-  flashdraft::AddClientSecurityFlags(app, options.security);
+  std::string job_path;
+  flashdraft::AddClientSecurityFlags(app, options.security, job_path);
   CLI11_PARSE(app, argc, argv);
+  absl::StatusOr<flashdraft::ClientSecurity> security =
+      flashdraft::ClientSecurityFromJob(job_path, options.security);
+  if (!security.ok()) {
+    std::cerr << "flashdraft-worker: error: " << security.status().message() << "\n";
+    return 2;
+  }
+  options.security = *security;
   // SIGTERM: leave at the next step boundary and exit 0; a second SIGTERM ends it at once.
   struct sigaction sa {};
   sa.sa_handler = [](int) { flashdraft::RequestLeave(); };

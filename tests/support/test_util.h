@@ -53,6 +53,10 @@ int StartProcess(const std::vector<std::string>& argv, const std::string& log,
 // none came.
 int WaitForPortFile(const std::string& path, double seconds = 30);
 
+// A TCP port on 127.0.0.1 that nothing listened on a moment ago (for programs that take no port 0,
+// such as slurmctld); 0 when none could be bound.
+int FreeTcpPort();
+
 // A flashdraft-coordinator process on port 0 for protocol-level tests (`bin`: the directory of the
 // binaries; stderr into `log`, or nowhere). SIGKILLed when destroyed.
 class CoordinatorProcess {
