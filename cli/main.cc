@@ -24,8 +24,10 @@
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/safetensors.h"
+#include "coordinator/checkpoint.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
 #include "model/debug_step.h"
+#include "model/drafter_export.h"
 
 namespace flashdraft {
 namespace {
@@ -297,6 +299,15 @@ int main(int argc, char** argv) {
   std::string status_job;
   flashdraft::AddClientSecurityFlags(*status, status_security, status_job);
 
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "Write the drafter folder SGLang, vLLM and the z-lab code load from a checkpoint");
+  std::string export_checkpoint, export_out;
+  export_cmd
+      ->add_option("--checkpoint", export_checkpoint,
+                   "a checkpoint directory (step-N under the job's checkpoint.dir)")
+      ->required();
+  export_cmd->add_option("--out", export_out, "the folder to write")->required();
+
   app.add_subcommand("version", "Print the version");
 
   CLI11_PARSE(app, argc, argv);
@@ -322,6 +333,17 @@ int main(int argc, char** argv) {
     if (!security.ok()) return flashdraft::Fail(security.status());
     if (!drain_worker.empty()) return flashdraft::Drain(status_address, *security, drain_worker);
     return flashdraft::PrintStatus(status_address, *security);
+  }
+  if (export_cmd->parsed()) {
+    absl::StatusOr<flashdraft::CheckpointInfo> checkpoint =
+        flashdraft::OpenCheckpoint(export_checkpoint);
+    if (!checkpoint.ok()) return flashdraft::Fail(checkpoint.status());
+    if (absl::Status s = flashdraft::ExportCheckpoint(checkpoint->dir, export_out); !s.ok()) {
+      return flashdraft::Fail(s);
+    }
+    std::printf("exported the drafter after step %llu to %s\n",
+                static_cast<unsigned long long>(checkpoint->completed_steps), export_out.c_str());
+    return 0;
   }
   if (prepare->parsed()) {
     if (absl::Status s = flashdraft::ParseLayerIds(prepare_layers, prepare_options.layer_ids);

@@ -99,7 +99,9 @@ struct ClusterConfig {
 
 struct CheckpointConfig {
   std::string dir;        // empty: <output_dir>/checkpoints
-  int every_steps = 500;  // 0: never; otherwise also after the last step
+  // 0: none before the last step. The last step is always checkpointed: the finished job's
+  // drafter export (<output_dir>/drafter) is written from that checkpoint.
+  int every_steps = 500;
   // Also checkpoint when this long has passed since the last one (0: never).
   double every_seconds = 0;
   int keep_last = 3;

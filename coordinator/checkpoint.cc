@@ -27,6 +27,7 @@ namespace fs = std::filesystem;
 constexpr char kModelFile[] = "model.safetensors";
 constexpr char kOptimizerFile[] = "optimizer.safetensors";
 constexpr char kManifestFile[] = "checkpoint.json";
+constexpr char kConfigFile[] = "config.json";
 
 std::string StepDirName(uint64_t completed_steps) {
   return absl::StrFormat("step-%08d", completed_steps);
@@ -81,8 +82,12 @@ std::vector<std::pair<uint64_t, std::string>> ListCheckpoints(const std::string&
 
 }  // namespace
 
-CheckpointStore::CheckpointStore(std::string root, int keep_last, std::string job)
-    : root_(std::move(root)), keep_last_(std::max(1, keep_last)), job_(std::move(job)) {}
+CheckpointStore::CheckpointStore(std::string root, int keep_last, std::string job,
+                                 std::string drafter_config_json)
+    : root_(std::move(root)),
+      keep_last_(std::max(1, keep_last)),
+      job_(std::move(job)),
+      drafter_config_json_(std::move(drafter_config_json)) {}
 
 std::vector<std::string> CheckpointStore::Existing() const {
   std::vector<std::string> out;
@@ -125,6 +130,10 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::Write(
     FD_RETURN_IF_ERROR(WriteFileAtomically(tmp_dir + "/" + file, image));
     files[file] = Crc32c(image.data(), image.size());
   }
+  if (!drafter_config_json_.empty()) {
+    FD_RETURN_IF_ERROR(WriteFileAtomically(tmp_dir + "/" + kConfigFile, drafter_config_json_));
+    files[kConfigFile] = Crc32c(drafter_config_json_.data(), drafter_config_json_.size());
+  }
   const nlohmann::json manifest = {
       {"format", 1}, {"completed_steps", completed_steps}, {"job", job_}, {"files", files}};
   FD_RETURN_IF_ERROR(WriteFileAtomically(tmp_dir + "/" + kManifestFile, manifest.dump(2) + "\n"));
@@ -144,7 +153,18 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::Write(
 absl::StatusOr<std::optional<CheckpointInfo>> CheckpointStore::Latest() const {
   std::vector<std::pair<uint64_t, std::string>> all = ListCheckpoints(root_);
   if (all.empty()) return std::optional<CheckpointInfo>();
-  const auto& [step, dir] = all.back();
+  FD_ASSIGN_OR_RETURN(CheckpointInfo info, OpenCheckpoint(all.back().second));
+  return std::optional<CheckpointInfo>(std::move(info));
+}
+
+absl::StatusOr<CheckpointInfo> OpenCheckpoint(const std::string& path) {
+  std::string dir = path;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::optional<uint64_t> step = StepOfDir(fs::path(dir).filename().string());
+  if (!step.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, ": not a checkpoint directory (step-N under the job's checkpoint.dir)"));
+  }
   const std::string manifest_path = dir + "/" + kManifestFile;
   FD_ASSIGN_OR_RETURN(const std::string text, ReadFile(manifest_path));
   nlohmann::json manifest = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -153,13 +173,14 @@ absl::StatusOr<std::optional<CheckpointInfo>> CheckpointStore::Latest() const {
       !manifest["files"].is_object()) {
     return absl::DataLossError(absl::StrCat(manifest_path, ": not a checkpoint manifest"));
   }
-  if (manifest["completed_steps"].get<uint64_t>() != step) {
+  if (manifest["completed_steps"].get<uint64_t>() != *step) {
     return absl::DataLossError(absl::StrCat(manifest_path, ": completed_steps ",
                                             manifest["completed_steps"].dump(),
-                                            " does not match the directory's ", step));
+                                            " does not match the directory's ", *step));
   }
-  for (const char* file : {kModelFile, kOptimizerFile}) {
+  for (const char* file : {kModelFile, kOptimizerFile, kConfigFile}) {
     const std::string path = dir + "/" + file;
+    if (file == kConfigFile && !manifest["files"].contains(file)) continue;  // optional
     if (!manifest["files"].contains(file) || !manifest["files"][file].is_number_unsigned()) {
       return absl::DataLossError(absl::StrCat(manifest_path, ": no CRC for ", file));
     }
@@ -173,14 +194,13 @@ absl::StatusOr<std::optional<CheckpointInfo>> CheckpointStore::Latest() const {
   const std::string job = manifest.contains("job") && manifest["job"].is_string()
                               ? manifest["job"].get<std::string>()
                               : std::string();
-  return std::optional<CheckpointInfo>(
-      CheckpointInfo{step, dir, dir + "/" + kModelFile, dir + "/" + kOptimizerFile, job});
+  return CheckpointInfo{*step, dir, dir + "/" + kModelFile, dir + "/" + kOptimizerFile, job};
 }
 
 bool CheckpointCadence::Due(int64_t step) const {
   if (every_steps_ > 0 && (step + 1) % every_steps_ == 0) return true;
   if (every_seconds_ > 0 && clock_.Now() - last_ >= every_seconds_) return true;
-  return (every_steps_ > 0 || every_seconds_ > 0) && step + 1 == total_steps_;
+  return step + 1 == total_steps_;
 }
 
 }  // namespace flashdraft

@@ -2,6 +2,7 @@
 // or absent. Layout under the checkpoint root:
 //   step-00000010/model.safetensors      the drafter's parameters (F32, parameter names)
 //   step-00000010/optimizer.safetensors  AdamW state (<name>.exp_avg, <name>.exp_avg_sq, step)
+//   step-00000010/config.json            the drafter's HF config (what `flashdraft export` needs)
 //   step-00000010/checkpoint.json        {"format": 1, "completed_steps": 10, "job": <fingerprint>,
 //                                          "files": {"model.safetensors": <crc32c>, ...}}
 // Written into step-N.tmp/ (every file fsynced), renamed to step-N/, the root fsynced; the newest
@@ -32,8 +33,10 @@ struct CheckpointInfo {
 
 class CheckpointStore {
  public:
-  // `job`: the writing job's fingerprint (JobFingerprint), recorded in every checkpoint.json.
-  CheckpointStore(std::string root, int keep_last, std::string job = "");
+  // `job`: the writing job's fingerprint (JobFingerprint), recorded in every checkpoint.json;
+  // `drafter_config_json`: written as config.json into every checkpoint (none when empty).
+  CheckpointStore(std::string root, int keep_last, std::string job = "",
+                  std::string drafter_config_json = "");
 
   // Writes the checkpoint after `completed_steps` steps from uploaded tensors (names prefixed
   // "drafter." or "adamw."; anything else is an error), then drops all but the newest keep_last.
@@ -51,11 +54,16 @@ class CheckpointStore {
   std::string root_;
   int keep_last_;
   std::string job_;
+  std::string drafter_config_json_;
 };
+
+// One checkpoint directory (step-N), every file verified against its checkpoint.json.
+absl::StatusOr<CheckpointInfo> OpenCheckpoint(const std::string& dir);
 
 // When the commit of a step also writes a checkpoint (checkpoint.every_steps, every_seconds):
 // every `every_steps` steps, when `every_seconds` passed since the last checkpoint (or the start),
-// after the last step when either is set, and when the caller stops early.
+// always after the last step (the finished job's drafter is exported from that checkpoint), and
+// when the caller stops early.
 class CheckpointCadence {
  public:
   CheckpointCadence(int every_steps, double every_seconds, int64_t total_steps, const Clock& clock)

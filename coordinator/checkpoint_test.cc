@@ -3,11 +3,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "common/file_util.h"
 #include "common/safetensors.h"
+#include "model/drafter_export.h"
 #include "tests/support/test_util.h"
 
 namespace flashdraft {
@@ -70,6 +72,58 @@ TEST(CheckpointStoreTest, DamagedCheckpointIsAnErrorNamingTheFile) {
               HasSubstr("checkpoint.json: not a checkpoint manifest"));
 }
 
+// A checkpoint carries the drafter's config.json (CRC-checked like its other files), and the export
+// folder is written from it alone: BF16 tensors under the parameter names, the config beside them.
+TEST(CheckpointStoreTest, CarriesTheDrafterConfigAndExportsFromItAlone) {
+  TempDir dir;
+  DrafterModelConfig config;
+  config.hidden_size = 8;
+  config.intermediate_size = 16;
+  config.num_hidden_layers = 1;
+  config.num_attention_heads = 2;
+  config.num_key_value_heads = 1;
+  config.head_dim = 4;
+  config.vocab_size = 32;
+  config.block_size = 4;
+  config.num_target_layers = 4;
+  config.max_position_embeddings = 64;
+  config.mask_token_id = 31;
+  config.target_layer_ids = {1, 3};
+  CheckpointStore store(dir.Join("ckpt"), 3, "", DrafterConfigToJson(config));
+  std::vector<OwnedTensor> upload = Upload(1);
+  const std::vector<float> weights = {1.0f,     -2.5f,       3.14159265f, 1e-40f,
+                                      65504.0f, 1.00390625f, 1.01171875f, -0.0f};
+  std::vector<uint8_t> bytes(weights.size() * sizeof(float));
+  std::memcpy(bytes.data(), weights.data(), bytes.size());
+  upload[0] = {{"drafter.fc.weight", DType::kF32, {2, 4}}, bytes};
+  auto info = store.Write(7, upload);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(*ReadFile(info->dir + "/config.json"), DrafterConfigToJson(config));
+
+  ASSERT_TRUE(ExportCheckpoint(info->dir, dir.Join("export")).ok());
+  auto exported = SafetensorsModel::Open(dir.Join("export/model.safetensors"));
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  auto view = (*exported)->GetChecked("fc.weight", DType::kBF16, {2, 4});
+  ASSERT_TRUE(view.ok()) << view.status();
+  // Round to nearest, ties to even: 1.00390625 (halfway) -> 1.0, 1.01171875 (halfway) -> 1.015625;
+  // the subnormal 1e-40 to the nearest BF16 subnormal.
+  const std::vector<uint16_t> want = {0x3F80, 0xC020, 0x4049, 0x0001,
+                                      0x4780, 0x3F80, 0x3F82, 0x8000};
+  std::vector<uint16_t> got(want.size());
+  std::memcpy(got.data(), view->data, view->nbytes);
+  EXPECT_EQ(got, want);
+  auto exported_config = LoadDrafterConfig(dir.Join("export/config.json"));
+  ASSERT_TRUE(exported_config.ok());
+  EXPECT_EQ(exported_config->target_layer_ids, config.target_layer_ids);
+
+  // A damaged config.json is found like any other file of the checkpoint.
+  ASSERT_TRUE(WriteFileAtomically(info->dir + "/config.json", "{}").ok());
+  EXPECT_THAT(std::string(store.Latest().status().message()), HasSubstr("config.json: CRC-32C"));
+  // Not a checkpoint: the error says what is missing.
+  EXPECT_THAT(std::string(ExportCheckpoint(dir.path(), dir.Join("x")).message()),
+              HasSubstr("config.json not found"));
+}
+
 TEST(CheckpointStoreTest, RefusesTensorsOfNoKnownKind) {
   TempDir dir;
   CheckpointStore store(dir.Join("ckpt"), 3);
@@ -100,9 +154,11 @@ TEST(CheckpointCadenceTest, StepsSecondsAndTheLastStep) {
   EXPECT_FALSE(seconds.Due(6));
   EXPECT_TRUE(seconds.Due(999));
 
-  CheckpointCadence never(0, 0, 5, clock);
+  // Neither cadence: only the last step (the export is written from it).
+  CheckpointCadence last_only(0, 0, 5, clock);
   clock.Advance(1e6);
-  EXPECT_FALSE(never.Due(4));
+  EXPECT_FALSE(last_only.Due(3));
+  EXPECT_TRUE(last_only.Due(4));
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "coordinator/service.h"
 #include "glog/logging.h"
 #include "model/dflash_math.h"
+#include "model/drafter_export.h"
 
 namespace flashdraft {
 namespace {
@@ -126,7 +127,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
       j.cluster.backend, c->total_steps_, j.drafter.block_size, c->security_->description());
   c->checkpoints_ = std::make_unique<CheckpointStore>(
       j.checkpoint.dir.empty() ? j.output_dir + "/checkpoints" : j.checkpoint.dir,
-      j.checkpoint.keep_last, JobFingerprint(j));
+      j.checkpoint.keep_last, JobFingerprint(j), DrafterConfigToJson(c->drafter_config_));
   bool resumed = false;
   if (j.checkpoint.resume) {
     FD_ASSIGN_OR_RETURN(resumed, c->Resume());
@@ -579,6 +580,20 @@ absl::Status Coordinator::TakeCheckpoint(uint64_t completed_steps, const std::st
   return absl::OkStatus();
 }
 
+absl::Status Coordinator::ExportFinalDrafter() {
+  FD_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> last, checkpoints_->Latest());
+  if (!last.has_value() || last->completed_steps != static_cast<uint64_t>(total_steps_)) {
+    return absl::DataLossError(absl::StrCat(
+        "the checkpoint of the last step (", total_steps_,
+        ") was not written, so the drafter was not exported; `flashdraft export --checkpoint "
+        "DIR --out DIR` exports the newest checkpoint there is"));
+  }
+  const std::string dir = job_.output_dir + "/drafter";
+  FD_RETURN_IF_ERROR(ExportCheckpoint(last->dir, dir));
+  LOG(INFO) << "exported the drafter to " << dir;
+  return absl::OkStatus();
+}
+
 void Coordinator::RequestStop(const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
   if (epoch_ == 0) {
@@ -980,6 +995,12 @@ absl::Status Coordinator::Run() {
     if (result.ok() && !failure_.ok()) result = failure_;  // e.g. that checkpoint failed
   }
   const bool finished = result.ok() && stopped.empty();
+  if (finished) {
+    // The export, from the last step's checkpoint: on the coordinator's disk, whichever host rank
+    // 0 ran on.
+    absl::Status exported = ExportFinalDrafter();
+    if (!exported.ok()) result = exported;
+  }
   v1::CoordinatorMessage shutdown;
   shutdown.mutable_shutdown()->set_reason(!result.ok() ? std::string(result.message())
                                           : finished   ? "job finished"

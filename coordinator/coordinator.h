@@ -154,6 +154,8 @@ class Coordinator {
   // the checkpoint is skipped when the uploader leaves first. FinishCheckpoint waits for it.
   void StartCheckpoint(uint64_t completed_steps, const std::string& uploader);
   void FinishCheckpoint();
+  // A finished job's <output_dir>/drafter, from the last step's checkpoint.
+  absl::Status ExportFinalDrafter();
   absl::Status TakeCheckpoint(uint64_t completed_steps, const std::string& uploader);
   // Resumes from the newest checkpoint (checkpoint.resume): its weights and optimizer state become
   // what FetchTensors serves, steps.jsonl keeps the records before it. False when there is none.

@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "model/drafter_export.h"
+#include "model/export.h"
 #include "model/wire_tensor.h"
 #include "tests/support/test_util.h"
 
@@ -86,6 +89,53 @@ TEST(DrafterParityTest, MatchesPythonReferenceOverConfigTable) {
     }
     EXPECT_GT(ref["loss"].item<double>(), 0.0);
   }
+}
+
+// The export written without LibTorch from F32 weights (what the coordinator does with a
+// checkpoint) holds the same BF16 bits as LibTorch's own conversion of the live parameters,
+// including ties, subnormals, infinities and NaN.
+TEST(DrafterExportTest, CheckpointExportHasLibTorchsBf16Bits) {
+  TempDir dir;
+  DrafterModelConfig config;
+  config.hidden_size = 16;
+  config.intermediate_size = 32;
+  config.num_hidden_layers = 1;
+  config.num_attention_heads = 2;
+  config.num_key_value_heads = 1;
+  config.head_dim = 8;
+  config.vocab_size = 64;
+  config.block_size = 4;
+  config.num_target_layers = 4;
+  config.max_position_embeddings = 128;
+  config.mask_token_id = 63;
+  config.target_layer_ids = {1, 3};
+  torch::manual_seed(3);
+  auto drafter = std::make_shared<DrafterImpl>(config);
+  {
+    torch::NoGradGuard no_grad;
+    auto first = drafter->parameters()[0].view(-1);
+    const std::vector<float> special = {1.00390625f, 1.01171875f, -1.00390625f, 1e-40f, -1e-45f,
+                                        3.4e38f,     INFINITY,    -INFINITY,    NAN};
+    for (size_t i = 0; i < special.size(); ++i) first[static_cast<int64_t>(i)] = special[i];
+  }
+  ASSERT_TRUE(ExportDrafter(*drafter, dir.Join("torch")).ok());
+  ASSERT_TRUE(WriteDrafterWeightsF32(*drafter, dir.Join("f32.safetensors")).ok());
+  ASSERT_TRUE(ExportDrafterWeights(dir.Join("f32.safetensors"), config, dir.Join("plain")).ok());
+  auto a = SafetensorsFile::Open(dir.Join("torch/model.safetensors"));
+  auto b = SafetensorsFile::Open(dir.Join("plain/model.safetensors"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<std::string> names_a = (*a)->names(), names_b = (*b)->names();
+  std::sort(names_a.begin(), names_a.end());
+  std::sort(names_b.begin(), names_b.end());
+  ASSERT_EQ(names_a, names_b);
+  for (const std::string& name : names_a) {
+    TensorView x = *(*a)->Get(name), y = *(*b)->Get(name);
+    EXPECT_EQ(x.dtype, DType::kBF16);
+    EXPECT_EQ(x.shape, y.shape) << name;
+    ASSERT_EQ(x.nbytes, y.nbytes) << name;
+    EXPECT_EQ(std::memcmp(x.data, y.data, x.nbytes), 0) << name;
+  }
+  EXPECT_EQ(*ReadFile(dir.Join("torch/config.json")), *ReadFile(dir.Join("plain/config.json")));
 }
 
 TEST(DrafterDebugStepTest, BadFilesGetClearErrors) {

@@ -200,6 +200,27 @@ TEST_F(DistributedTest, ResumesExactlyFromACheckpoint) {
                                 " --workers 1 --resume --out ", damaged));
   EXPECT_NE(run.exit_code, 0);
   EXPECT_THAT(run.output, HasSubstr("step-00000020/model.safetensors: CRC-32C"));
+
+  // `flashdraft export` of the last checkpoint is the job's own export, byte for byte; a damaged
+  // checkpoint and a directory that is none are refused, naming them.
+  run = RunCommand(absl::StrCat(kBin, "/flashdraft export --checkpoint ",
+                                dir_->Join("run2/checkpoints/step-00000030/"), " --out ",
+                                dir_->Join("exported")));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("after step 30"));
+  EXPECT_TRUE(*ReadFile(dir_->Join("run2/drafter/model.safetensors")) ==
+              *ReadFile(dir_->Join("exported/model.safetensors")));
+  EXPECT_EQ(*ReadFile(dir_->Join("run2/drafter/config.json")),
+            *ReadFile(dir_->Join("exported/config.json")));
+  run = RunCommand(absl::StrCat(kBin, "/flashdraft export --checkpoint ", damaged,
+                                "/checkpoints/step-00000020 --out ", dir_->Join("x")));
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_THAT(run.output, HasSubstr("step-00000020/model.safetensors: CRC-32C"));
+  run = RunCommand(absl::StrCat(kBin, "/flashdraft export --checkpoint ", dir_->Join("run2"),
+                                " --out ", dir_->Join("x")));
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_THAT(run.output, HasSubstr("run2: not a checkpoint directory"));
+  EXPECT_FALSE(std::filesystem::exists(dir_->Join("x")));
 }
 
 using ::flashdraft::testing::CoordinatorProcess;

@@ -10,7 +10,6 @@
 #include "common/shard_tree.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
-#include "model/export.h"
 #include "worker/training_state.h"
 
 namespace flashdraft {
@@ -102,13 +101,10 @@ void WorkerSession::End(absl::Status status) {
   if (!end_) end_ = std::move(status);
 }
 
-// The end of the job (or of this worker's part in it): rank 0 exports a finished job's drafter.
+// The end of the job (or of this worker's part in it). The finished job's drafter is exported by
+// the coordinator from the last checkpoint, on its own disk: workers write nothing of the job's.
 absl::Status WorkerSession::Shutdown(const InboxItem& item) {
   LOG(INFO) << "shutdown: " << item.text;
-  if (!item.job_finished || rank_ != 0) return absl::OkStatus();
-  const std::string dir = setup_.job.output_dir + "/drafter";
-  FD_RETURN_IF_ERROR(ExportDrafter(*drafter_, dir));
-  LOG(INFO) << "exported the drafter to " << dir;
   return absl::OkStatus();
 }
 
