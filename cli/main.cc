@@ -18,6 +18,7 @@
 #include "cli/make_shards.h"
 #include "cli/make_tiny_target.h"
 #include "cli/prepare.h"
+#include "cli/pve.h"
 #include "cli/security_flags.h"
 #include "cli/train_synthetic.h"
 #include "common/crc32c.h"
@@ -308,6 +309,27 @@ int main(int argc, char** argv) {
       ->required();
   export_cmd->add_option("--out", export_out, "the folder to write")->required();
 
+  CLI::App* pve = app.add_subcommand(
+      "pve", "Deploy a job into Proxmox LXC containers over ssh (deploy/proxmox/flashdraft-pve)");
+  flashdraft::PveOptions pve_options;
+  pve->add_option("command", pve_options.command, "deploy | status | stop | rollback")
+      ->required()
+      ->check(CLI::IsMember({"deploy", "status", "stop", "rollback"}));
+  pve->add_option("cluster", pve_options.cluster_path,
+                  "cluster file (deploy/proxmox/cluster.example.yaml)")
+      ->required();
+  pve->add_option("job", pve_options.job_path, "YAML job file")->required();
+  pve->add_flag("--dry-run", pve_options.dry_run, "print every command instead of running it");
+  pve->add_option("--state", pve_options.state_dir,
+                  "local directory for the job's certificates and bundles (default: "
+                  "flashdraft-pve-<job name> next to the cluster file)");
+  pve->add_option("--deploy-dir", pve_options.deploy_dir,
+                  "the project's deploy/ directory (systemd units, make-certs.sh); default: found "
+                  "next to this program");
+  pve->add_option("--join-timeout", pve_options.join_timeout_seconds,
+                  "seconds to wait for every worker to join")
+      ->capture_default_str();
+
   app.add_subcommand("version", "Print the version");
 
   CLI11_PARSE(app, argc, argv);
@@ -344,6 +366,10 @@ int main(int argc, char** argv) {
     std::printf("exported the drafter after step %llu to %s\n",
                 static_cast<unsigned long long>(checkpoint->completed_steps), export_out.c_str());
     return 0;
+  }
+  if (pve->parsed()) {
+    if (pve_options.deploy_dir.empty()) pve_options.deploy_dir = flashdraft::FindDeployDir();
+    return flashdraft::RunPve(pve_options);
   }
   if (prepare->parsed()) {
     if (absl::Status s = flashdraft::ParseLayerIds(prepare_layers, prepare_options.layer_ids);

@@ -11,6 +11,7 @@
 #include "common/safetensors.h"
 #include "model/drafter_export.h"
 #include "tests/support/test_util.h"
+#include "tests/support/tiny_drafter.h"
 
 namespace flashdraft {
 namespace {
@@ -76,19 +77,7 @@ TEST(CheckpointStoreTest, DamagedCheckpointIsAnErrorNamingTheFile) {
 // folder is written from it alone: BF16 tensors under the parameter names, the config beside them.
 TEST(CheckpointStoreTest, CarriesTheDrafterConfigAndExportsFromItAlone) {
   TempDir dir;
-  DrafterModelConfig config;
-  config.hidden_size = 8;
-  config.intermediate_size = 16;
-  config.num_hidden_layers = 1;
-  config.num_attention_heads = 2;
-  config.num_key_value_heads = 1;
-  config.head_dim = 4;
-  config.vocab_size = 32;
-  config.block_size = 4;
-  config.num_target_layers = 4;
-  config.max_position_embeddings = 64;
-  config.mask_token_id = 31;
-  config.target_layer_ids = {1, 3};
+  const DrafterModelConfig config = ::flashdraft::testing::TinyDrafterConfig(8);
   CheckpointStore store(dir.Join("ckpt"), 3, "", DrafterConfigToJson(config));
   std::vector<OwnedTensor> upload = Upload(1);
   const std::vector<float> weights = {1.0f,     -2.5f,       3.14159265f, 1e-40f,

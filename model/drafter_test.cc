@@ -12,6 +12,7 @@
 #include "model/export.h"
 #include "model/wire_tensor.h"
 #include "tests/support/test_util.h"
+#include "tests/support/tiny_drafter.h"
 
 namespace flashdraft {
 namespace {
@@ -96,19 +97,7 @@ TEST(DrafterParityTest, MatchesPythonReferenceOverConfigTable) {
 // including ties, subnormals, infinities and NaN.
 TEST(DrafterExportTest, CheckpointExportHasLibTorchsBf16Bits) {
   TempDir dir;
-  DrafterModelConfig config;
-  config.hidden_size = 16;
-  config.intermediate_size = 32;
-  config.num_hidden_layers = 1;
-  config.num_attention_heads = 2;
-  config.num_key_value_heads = 1;
-  config.head_dim = 8;
-  config.vocab_size = 64;
-  config.block_size = 4;
-  config.num_target_layers = 4;
-  config.max_position_embeddings = 128;
-  config.mask_token_id = 63;
-  config.target_layer_ids = {1, 3};
+  const DrafterModelConfig config = ::flashdraft::testing::TinyDrafterConfig(16);
   torch::manual_seed(3);
   auto drafter = std::make_shared<DrafterImpl>(config);
   {

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -303,6 +304,272 @@ TEST(DeployTest, SlurmBatchScriptTrainsCheckpointsAtSigtermAndResumes) {
   EXPECT_THAT(second_log, HasSubstr("worker '" + node + "-0'"));
   EXPECT_THAT(second_log, HasSubstr("worker '" + node + "-1'"));
   EXPECT_TRUE(std::filesystem::exists(root + "/out/drafter/model.safetensors")) << second_log;
+}
+
+// A scratch "Proxmox host" on this machine: the pct and ssh stand-ins of tests/deploy first on
+// PATH, containers (real LXC, systemd inside) under `dir`/ct, a bridge of its own. Every container
+// and the bridge are removed on destruction, whatever the test did.
+class PveStandIn {
+ public:
+  static std::string Unavailable() {
+    if (geteuid() != 0) return "needs root (privileged LXC containers, a bridge)";
+    for (const char* b :
+         {"/usr/bin/lxc-start", "/usr/bin/lxc-attach", "/usr/sbin/ip", "/lib/systemd/systemd"}) {
+      if (access(b, X_OK) != 0) {
+        return absl::StrCat("needs ", b, " (packages lxc, iproute2, systemd; scripts/setup.sh)");
+      }
+    }
+    return "";
+  }
+
+  explicit PveStandIn(const std::string& dir)
+      : dir_(dir), bridge_(absl::StrCat("fdt", getpid() % 100000)) {
+    std::filesystem::create_directories(dir + "/ct");
+    auto r = RunCommand(
+        absl::StrCat("ip link add ", bridge_, " type bridge && ip link set ", bridge_, " up 2>&1"));
+    bridge_ok_ = r.exit_code == 0;
+    EXPECT_TRUE(bridge_ok_) << r.output;
+  }
+
+  ~PveStandIn() {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_ + "/ct", ec)) {
+      if (e.path().extension() == ".conf") Run("pct destroy " + e.path().stem().string());
+    }
+    RunCommand("ip link del " + bridge_ + " 2>/dev/null");
+  }
+
+  PveStandIn(const PveStandIn&) = delete;
+  PveStandIn& operator=(const PveStandIn&) = delete;
+
+  bool ok() const { return bridge_ok_; }
+  const std::string& bridge() const { return bridge_; }
+  std::string ct_dir() const { return dir_ + "/ct"; }
+  std::string ssh_log() const { return dir_ + "/ssh.log"; }
+  // A file inside a container, read from its root filesystem.
+  std::string ContainerFile(int id, const std::string& path) const {
+    return ReadFile(absl::StrCat(dir_, "/ct/", id, "/rootfs", path)).value_or("");
+  }
+  testing::CommandResult Run(const std::string& command) const {
+    return RunCommand(absl::StrCat("env PATH=", kSource, "/tests/deploy:$PATH PCT_ROOT=", dir_,
+                                   "/ct SSH_STANDIN_LOG=", ssh_log(), " ", command, " 2>&1"));
+  }
+  std::string Exec(int id, const std::string& command) const {
+    return std::string(
+        absl::StripAsciiWhitespace(Run(absl::StrCat("pct exec ", id, " -- ", command)).output));
+  }
+
+ private:
+  std::string dir_;
+  std::string bridge_;
+  bool bridge_ok_ = false;
+};
+
+// deploy/proxmox end to end on real LXC containers: a broken job is refused before anything
+// reaches the host; the job trains across three containers (Gloo on their eth0) to the numbers
+// `flashdraft launch` gets on loopback; a second deploy changes nothing; a changed job is rolled
+// out (the coordinator resumes it) and rolled back; stop takes every unit down.
+TEST(DeployTest, ProxmoxDeploysTheJobIntoLxcContainers) {
+  if (std::string why = PveStandIn::Unavailable(); !why.empty()) GTEST_SKIP() << why;
+  TempDir dir;
+  const std::string root = dir.path();
+  PveStandIn pve(root);
+  ASSERT_TRUE(pve.ok());
+  auto made = RunCommand(absl::StrCat(kBin, "/flashdraft make-shards --out ", root,
+                                      "/data/shards --samples 24 --seq 64 --vocab 48 "
+                                      "--hidden 32 --seed 2"));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const std::string cluster = root + "/cluster.yaml";
+  ASSERT_TRUE(WriteFileAtomically(
+                  cluster, absl::StrCat("host: root@pve-test\n"
+                                        "template: local:vztmpl/debian-12-standard_12.7-1_amd64."
+                                        "tar.zst\nbridge: ",
+                                        pve.bridge(), "\npve_config_dir: ", pve.ct_dir(),
+                                        "\nshm_gb: 1\ncontainers:\n"
+                                        "  - {id: 300, role: coordinator, ip: 10.213.7.10/24, "
+                                        "mounts: [{host: ",
+                                        root, "/data, path: /data}]}\n",
+                                        "  - {id: 301, role: worker, ip: 10.213.7.11/24}\n"
+                                        "  - {id: 302, role: worker, ip: 10.213.7.12/24}\n"))
+                  .ok());
+  auto write_job = [&](const std::string& path, int steps) {
+    ASSERT_TRUE(
+        WriteFileAtomically(path, absl::StrCat("name: pvetest\n"
+                                               "drafter: {num_hidden_layers: 1, block_size: 8, "
+                                               "num_target_features: 2, max_anchors: 8}\n"
+                                               "data: {source: shards, shards_dir: /data/shards, "
+                                               "max_seq_len: 64}\n"
+                                               "train: {seed: 1, max_steps: ",
+                                               steps, ", global_batch_size: 6}\n"))
+            .ok());
+  };
+  const std::string job = root + "/job.yaml";
+  write_job(job, 120);
+  const std::string pve_cmd = absl::StrCat(kSource, "/deploy/proxmox/flashdraft-pve ");
+  const std::string args = absl::StrCat(cluster, " ", job, " --state ", root, "/state");
+  const std::string env = "FLASHDRAFT_BIN=" + kBin + " ";
+
+  // A broken job: refused, naming the file and the field, before anything reaches the host.
+  const std::string broken = root + "/broken.yaml";
+  ASSERT_TRUE(WriteFileAtomically(broken, "name: pvetest\ntrain: {max_steps: -3}\n").ok());
+  auto refused = pve.Run(absl::StrCat(env, pve_cmd, "deploy ", cluster, " ", broken));
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_THAT(refused.output, HasSubstr("broken.yaml"));
+  EXPECT_THAT(refused.output, HasSubstr("train.max_steps"));
+  EXPECT_FALSE(std::filesystem::exists(pve.ssh_log())) << *ReadFile(pve.ssh_log());
+
+  // The reference: the same job on loopback.
+  auto reference =
+      RunCommand(absl::StrCat(kBin, "/flashdraft launch ", job, " --workers 2 --out ", root,
+                              "/reference --set data.shards_dir=", root, "/data/shards 2>&1"));
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+
+  auto first = pve.Run(absl::StrCat(env, pve_cmd, "deploy ", args, " --join-timeout 120"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_THAT(first.output, HasSubstr("/metrics: http://10.213.7.10:9400/metrics"));
+  // Trained across the containers to the end; the coordinator exported the drafter on its disk.
+  const std::string coordinator_unit = "flashdraft-coordinator@pvetest";
+  for (int i = 0; i < 600 && pve.Exec(300, "systemctl is-active " + coordinator_unit) == "active";
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  const std::string journal = pve.Exec(300, "journalctl --no-pager -u " + coordinator_unit);
+  EXPECT_EQ(pve.Exec(300, "systemctl is-active " + coordinator_unit), "inactive") << journal;
+  EXPECT_EQ(pve.Exec(300, "systemctl show -p Result --value " + coordinator_unit), "success")
+      << journal;
+  const std::string out = absl::StrCat(pve.ct_dir(), "/300/rootfs/var/lib/flashdraft/pvetest");
+  EXPECT_EQ(FirstDifferentStep(ReadSteps(out + "/steps.jsonl"),
+                               ReadSteps(root + "/reference/steps.jsonl")),
+            "")
+      << journal;
+  EXPECT_TRUE(std::filesystem::exists(out + "/drafter/model.safetensors")) << journal;
+  EXPECT_THAT(journal, HasSubstr("worker 'flashdraft-301-cpu'"));
+  EXPECT_THAT(journal, HasSubstr("worker 'flashdraft-302-cpu'"));
+  for (int id : {301, 302}) {
+    EXPECT_EQ(pve.Exec(id, "systemctl show -p NRestarts --value flashdraft-worker@cpu"), "0")
+        << pve.Exec(id, "journalctl --no-pager -u flashdraft-worker@cpu");
+    // Gradients went over the containers' own network.
+    EXPECT_THAT(pve.Exec(id, "journalctl --no-pager -u flashdraft-worker@cpu"),
+                HasSubstr("joined as"));
+  }
+
+  // Again: nothing changes, nothing restarts.
+  auto second = pve.Run(absl::StrCat(env, pve_cmd, "deploy ", args, " --join-timeout 30"));
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_THAT(second.output, HasSubstr(" 0 change(s)"));
+  EXPECT_THAT(second.output, ::testing::Not(HasSubstr("  changed ")));
+  EXPECT_EQ(pve.Exec(300, "journalctl --no-pager -u " + coordinator_unit +
+                              " | grep -c 'Started flashdraft-coordinator'"),
+            "1");
+
+  // A longer job: only the coordinator's bundle changes; it resumes and the workers come back.
+  write_job(job, 150);
+  auto third = pve.Run(absl::StrCat(env, pve_cmd, "deploy ", args, " --join-timeout 120"));
+  ASSERT_EQ(third.exit_code, 0) << third.output;
+  EXPECT_THAT(third.output, HasSubstr("changed    CT 300: install"));
+  EXPECT_THAT(third.output, HasSubstr("unchanged  CT 301: install"));
+  for (int i = 0; i < 600 && ReadSteps(out + "/steps.jsonl").size() < 150; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(ReadSteps(out + "/steps.jsonl").size(), 150u)
+      << pve.Exec(300, "journalctl --no-pager -n 30 -u " + coordinator_unit);
+  EXPECT_EQ(ReadEvents(out + "/steps.jsonl", "resumed").size(), 1u);
+  EXPECT_THAT(pve.ContainerFile(300, "/etc/flashdraft/pvetest.yaml"), HasSubstr("max_steps: 150"));
+
+  // Rollback: the coordinator's files are the first bundle's again; the workers' did not change.
+  auto rollback = pve.Run(absl::StrCat(env, pve_cmd, "rollback ", args));
+  EXPECT_EQ(rollback.exit_code, 0) << rollback.output;
+  EXPECT_THAT(pve.ContainerFile(300, "/etc/flashdraft/pvetest.yaml"), HasSubstr("max_steps: 120"));
+
+  // Stop: every unit down and disabled.
+  auto stop = pve.Run(absl::StrCat(env, pve_cmd, "stop ", args));
+  EXPECT_EQ(stop.exit_code, 0) << stop.output;
+  EXPECT_EQ(pve.Exec(300, "systemctl is-enabled " + coordinator_unit), "disabled");
+  EXPECT_EQ(pve.Exec(301, "systemctl is-active flashdraft-worker@cpu"), "inactive");
+}
+
+// `flashdraft-pve deploy --dry-run` of the shipped 1 + 4 GPU example prints exactly what
+// docs/DEPLOY.md shows (bundle ids aside: they are hashes of this build's binaries); the classic
+// cgroup GPU passthrough lines match their golden file; bad cluster files are refused, naming the
+// file, the field and the value.
+TEST(DeployTest, ProxmoxDryRunIsWhatTheDocsShowAndBadClusterFilesAreRefused) {
+  TempDir dir;
+  const std::string pve = absl::StrCat("cd ", dir.path(), " && FLASHDRAFT_BIN=", kBin, " ", kSource,
+                                       "/deploy/proxmox/flashdraft-pve ");
+  const std::string examples = kSource + "/deploy/proxmox/";
+  auto normalized = [](const std::string& text) {
+    return std::regex_replace(text, std::regex("(ct[0-9]+)-[0-9a-f]{12}"), "$1-<bundle>");
+  };
+  auto dry = RunCommand(absl::StrCat(pve, "deploy ", examples, "cluster.example.yaml ", examples,
+                                     "job.example.yaml --state flashdraft-pve-demo --dry-run"));
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  const std::string docs = *ReadFile(kSource + "/docs/DEPLOY.md");
+  const std::string begin = "<!-- dry-run:begin -->\n```sh\n", end = "```\n<!-- dry-run:end -->";
+  ASSERT_NE(docs.find(begin), std::string::npos);
+  const size_t from = docs.find(begin) + begin.size();
+  EXPECT_EQ(normalized(dry.output), normalized(docs.substr(from, docs.find(end) - from)))
+      << "docs/DEPLOY.md's dry-run block is out of date";
+  EXPECT_THAT(dry.output, HasSubstr("pct set 204 --dev0 /dev/nvidia3 --dev1 /dev/nvidiactl"));
+
+  // The classic passthrough for hosts before Proxmox 8.2.
+  const std::string cgroup = dir.Join("cgroup.yaml");
+  ASSERT_TRUE(WriteFileAtomically(cgroup,
+                                  "host: root@pve1\ntemplate: local:vztmpl/debian-12.tar.zst\n"
+                                  "gpu_passthrough: cgroup\ncontainers:\n"
+                                  "  - {id: 200, role: coordinator, ip: 10.10.0.10/24}\n"
+                                  "  - {id: 201, role: worker, ip: 10.10.0.11/24, gpu: 1}\n")
+                  .ok());
+  auto classic = RunCommand(
+      absl::StrCat(pve, "deploy ", cgroup, " ", examples, "job.example.yaml --state s --dry-run"));
+  ASSERT_EQ(classic.exit_code, 0) << classic.output;
+  std::string gpu_lines;
+  bool take = false;
+  for (absl::string_view line : absl::StrSplit(classic.output, '\n')) {
+    if (absl::StartsWith(line, "# ")) take = absl::StrContains(line, "GPU");
+    if (take) absl::StrAppend(&gpu_lines, line, "\n");
+  }
+  EXPECT_EQ(gpu_lines, *ReadFile(kSource + "/tests/deploy/gpu-cgroup.golden"));
+
+  struct Case {
+    std::string yaml, want;
+  };
+  const std::string ok_head = "host: root@pve1\ntemplate: local:vztmpl/d.tar.zst\n";
+  const std::string coordinator = "  - {id: 200, role: coordinator, ip: 10.0.0.10/24}\n";
+  const std::string worker = "  - {id: 201, role: worker, ip: 10.0.0.11/24}\n";
+  const std::vector<Case> cases = {
+      {"[", "not valid YAML"},
+      {ok_head + "hots: x\n", "hots: unknown field (known: host, template"},
+      {"template: t\ncontainers: []\n", "host: is required"},
+      {ok_head + "containers:\n" + worker,
+       "containers: needs exactly one coordinator container, found 0"},
+      {ok_head + "containers:\n" + coordinator, "containers: needs at least one worker container"},
+      {ok_head + "containers:\n" + coordinator + "  - {id: 201, role: worker, ip: 10.0.0.300/24}\n",
+       "containers[1].ip: '10.0.0.300/24' is not an IPv4 address with a prefix"},
+      {ok_head + "containers:\n" + coordinator + "  - {id: 200, role: worker, ip: 10.0.0.12/24}\n",
+       "containers[1].id: 200 is used twice"},
+      {ok_head + "containers:\n  - {id: 200, role: coordinator, ip: 10.0.0.10/24, gpu: 0}\n" +
+           worker,
+       "containers[0].gpu: only workers take a GPU"},
+      {ok_head + "gpu_passthrough: vfio\ncontainers:\n" + coordinator + worker,
+       "gpu_passthrough: 'vfio' must be dev (Proxmox 8.2+) or cgroup"},
+      {"host: 'root@h; rm -rf /'\ntemplate: t\ncontainers:\n" + coordinator + worker,
+       "host: 'root@h; rm -rf /' is not allowed here"},
+      {ok_head + "containers:\n" + coordinator +
+           "  - {id: 201, role: worker, ip: 10.0.0.11/24, mounts: [{host: data, path: /d}]}\n",
+       "containers[1].mounts[0].host: 'data' must be an absolute path"},
+      {ok_head + "containers:\n" + coordinator + "  - {id: 201, role: gpu, ip: 10.0.0.11/24}\n",
+       "containers[1].role: 'gpu' must be coordinator or worker"},
+      {ok_head + "port: 70000\ncontainers:\n" + coordinator + worker,
+       "port: = 70000 must be in [1, 65535]"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string path = dir.Join(absl::StrCat("bad-", i, ".yaml"));
+    ASSERT_TRUE(WriteFileAtomically(path, cases[i].yaml).ok());
+    auto r = RunCommand(
+        absl::StrCat(pve, "deploy ", path, " ", examples, "job.example.yaml --state s --dry-run"));
+    EXPECT_EQ(r.exit_code, 1) << cases[i].yaml;
+    EXPECT_THAT(r.output, HasSubstr(absl::StrCat(path, ": ", cases[i].want))) << cases[i].yaml;
+  }
 }
 
 }  // namespace
