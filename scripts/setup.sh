@@ -24,6 +24,8 @@ PACKAGES=(
   # the deploy tests: systemd-analyze for the units, a real one-node Slurm cluster (no munge
   # needed: the test cluster uses auth/none), real LXC containers on a bridge
   systemd slurmctld slurmd slurm-client lxc iproute2
+  # ... and the container images: podman with runc, a Debian base made with debootstrap
+  podman runc debootstrap
   # reference numerics for parity tests (/usr/bin/python3 with Debian's torch), and Jinja2 for the
   # chat template as Hugging Face transformers renders it
   python3-torch python3-jinja2

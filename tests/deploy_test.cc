@@ -572,5 +572,145 @@ TEST(DeployTest, ProxmoxDryRunIsWhatTheDocsShowAndBadClusterFilesAreRefused) {
   }
 }
 
+// Podman as this machine runs it: runc and explicit ulimits from a containers.conf of the test's
+// own (crun fails on its hybrid cgroups). Containers and the network the test made are removed on
+// destruction; images stay (the base image is reused by the next run).
+class Podman {
+ public:
+  static std::string Unavailable() {
+    if (geteuid() != 0) return "needs root (podman networks with fixed addresses)";
+    for (const char* b : {"/usr/bin/podman", "/usr/sbin/runc", "/usr/sbin/debootstrap"}) {
+      if (access(b, X_OK) != 0) {
+        return absl::StrCat("needs ", b, " (packages podman, runc, debootstrap; scripts/setup.sh)");
+      }
+    }
+    return "";
+  }
+
+  explicit Podman(const std::string& dir)
+      : conf_(dir + "/containers.conf"), network_(absl::StrCat("fdtest", getpid())) {
+    EXPECT_TRUE(WriteFileAtomically(conf_,
+                                    "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", "
+                                    "\"nproc=1024:1024\"]\n[engine]\nruntime = \"runc\"\n")
+                    .ok());
+  }
+  ~Podman() {
+    for (const std::string& name : containers_) Run("rm -f " + name);
+    Run("network rm -f " + network_);
+  }
+  Podman(const Podman&) = delete;
+  Podman& operator=(const Podman&) = delete;
+
+  // `podman ARGS` (stderr too).
+  testing::CommandResult Run(const std::string& args, const std::string& env = "") const {
+    return RunCommand(
+        absl::StrCat("env CONTAINERS_CONF=", conf_, " ", env, " podman ", args, " 2>&1"));
+  }
+  std::string Env() const { return "CONTAINERS_CONF=" + conf_; }
+  const std::string& network() const { return network_; }
+  // `podman run -d --name NAME ARGS`, removed with this object.
+  testing::CommandResult Start(const std::string& name, const std::string& args) {
+    containers_.push_back(name);
+    return Run(absl::StrCat("run -d --name ", name, " ", args));
+  }
+
+ private:
+  std::string conf_;
+  std::string network_;
+  std::vector<std::string> containers_;
+};
+
+// docker/: the coordinator and worker images built with podman from a Debian bookworm base made
+// here (debootstrap; no registry is reachable), then a secured job run as three containers on a
+// podman network, to the numbers `flashdraft launch` gets on loopback.
+TEST(DeployTest, ContainerImagesTrainAJobOnAPodmanNetwork) {
+  if (std::string why = Podman::Unavailable(); !why.empty()) GTEST_SKIP() << why;
+  TempDir dir;
+  const std::string root = dir.path();
+  Podman podman(root);
+  const std::string base = "localhost/flashdraft-test-base:bookworm";
+  if (podman.Run("image exists " + base).exit_code != 0) {
+    const char* mirror = getenv("FLASHDRAFT_DEBIAN_MIRROR");
+    auto boot = RunCommand(absl::StrCat("debootstrap --variant=minbase bookworm ", root, "/rootfs ",
+                                        mirror ? mirror : "http://deb.debian.org/debian",
+                                        " 2>&1 | tail -5"));
+    auto imported = RunCommand(absl::StrCat("tar -C ", root, "/rootfs -c . | env ", podman.Env(),
+                                            " podman import - ", base, " 2>&1"));
+    ASSERT_EQ(podman.Run("image exists " + base).exit_code, 0) << boot.output << imported.output;
+    std::filesystem::remove_all(root + "/rootfs");
+  }
+  auto built = RunCommand(absl::StrCat("env ", podman.Env(), " FLASHDRAFT_BIN=", kBin, " ", kSource,
+                                       "/docker/build-images.sh --prebuilt --base ", base,
+                                       " --tag test 2>&1"));
+  ASSERT_EQ(built.exit_code, 0) << built.output;
+  auto tags = podman.Run("images --format '{{.Repository}}:{{.Tag}}'");
+  EXPECT_THAT(tags.output, HasSubstr("localhost/flashdraft-coordinator:test"));
+  EXPECT_THAT(tags.output, HasSubstr("localhost/flashdraft-worker:test"));
+  EXPECT_THAT(tags.output, ::testing::Not(HasSubstr("flashdraft-coordinator:latest")));
+
+  // The job as the containers see it (/etc/flashdraft mounted read-only, files owned by the
+  // images' user), and the same job on this machine for the reference.
+  const std::string etc = root + "/etc";
+  auto made = RunCommand(absl::StrCat(kBin, "/flashdraft make-shards --out ", etc,
+                                      "/shards --samples 24 --seq 64 --vocab 48 --hidden 32 "
+                                      "--seed 2 && ",
+                                      kSource, "/deploy/make-certs.sh ", etc,
+                                      "/pki --ip 10.213.9.10 && chown -R 10001:10001 ", etc,
+                                      "/pki && mkdir -m 777 ", root, "/out 2>&1"));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  auto job = [](const std::string& at, const std::string& out, const std::string& listen) {
+    return absl::StrCat(
+        "name: podtest\noutput_dir: ", out,
+        "\ndrafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, "
+        "max_anchors: 8}\ndata: {source: shards, shards_dir: ",
+        at, "/shards, max_seq_len: 64}\ntrain: {seed: 1, max_steps: 300, global_batch_size: 6}\n",
+        "cluster: {listen: '", listen, "', max_workers: 2, min_workers: 2}\n",
+        "security: {tls_cert: ", at, "/pki/coordinator.pem, tls_key: ", at,
+        "/pki/coordinator.key, tls_ca: ", at, "/pki/ca.pem, client_cert: ", at,
+        "/pki/worker.pem, client_key: ", at, "/pki/worker.key, token_file: ", at, "/pki/token}\n");
+  };
+  ASSERT_TRUE(WriteFileAtomically(etc + "/job.yaml",
+                                  job("/etc/flashdraft", "/var/lib/flashdraft/out", "0.0.0.0:7600"))
+                  .ok());
+  ASSERT_TRUE(
+      WriteFileAtomically(root + "/reference.yaml", job(etc, root + "/reference", "127.0.0.1:0"))
+          .ok());
+  auto reference = RunCommand(
+      absl::StrCat(kBin, "/flashdraft launch ", root, "/reference.yaml --workers 2 2>&1"));
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+
+  auto network = podman.Run("network create --subnet 10.213.9.0/24 " + podman.network());
+  ASSERT_EQ(network.exit_code, 0) << network.output;
+  const std::string id = absl::StrCat(getpid());
+  const std::string mount = absl::StrCat("-v ", etc, ":/etc/flashdraft:ro ");
+  auto c = podman.Start("fdc" + id, absl::StrCat("--network ", podman.network(),
+                                                 " --ip 10.213.9.10 ", mount, "-v ", root,
+                                                 "/out:/var/lib/flashdraft/out "
+                                                 "localhost/flashdraft-coordinator:test"));
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  for (int w : {1, 2}) {
+    auto started = podman.Start(
+        absl::StrCat("fdw", w, "-", id),
+        absl::StrCat(
+            "--network ", podman.network(), " --ip 10.213.9.1", w, " ", mount,
+            "-e FLASHDRAFT_COORDINATOR=10.213.9.10:7600 localhost/flashdraft-worker:test"));
+    ASSERT_EQ(started.exit_code, 0) << started.output;
+  }
+  // While it trains: healthy by its HEALTHCHECK (flashdraft status), not root.
+  for (int i = 0; i < 600 && ReadSteps(root + "/out/steps.jsonl").empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(podman.Run("healthcheck run fdc" + id).exit_code, 0)
+      << podman.Run("logs fdc" + id).output;
+  EXPECT_EQ(podman.Run("exec fdc" + id + " id -u").output, "10001\n");
+  auto waited = podman.Run(absl::StrCat("wait fdc", id, " fdw1-", id, " fdw2-", id));
+  EXPECT_EQ(waited.output, "0\n0\n0\n") << podman.Run("logs fdc" + id).output;
+  EXPECT_EQ(FirstDifferentStep(ReadSteps(root + "/out/steps.jsonl"),
+                               ReadSteps(root + "/reference/steps.jsonl")),
+            "");
+  EXPECT_TRUE(*ReadFile(root + "/out/drafter/model.safetensors") ==
+              *ReadFile(root + "/reference/drafter/model.safetensors"));
+}
+
 }  // namespace
 }  // namespace flashdraft
