@@ -26,6 +26,8 @@ PACKAGES=(
   systemd slurmctld slurmd slurm-client lxc iproute2
   # ... and the container images: podman with runc, a Debian base made with debootstrap
   podman runc debootstrap
+  # observability: promtool checks the alert rules and live scrapes
+  prometheus
   # reference numerics for parity tests (/usr/bin/python3 with Debian's torch), and Jinja2 for the
   # chat template as Hugging Face transformers renders it
   python3-torch python3-jinja2
