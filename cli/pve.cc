@@ -559,6 +559,7 @@ absl::Status MakeBundle(Deployment& d, const PveContainer& c, const std::string&
       RunShell(absl::StrCat("tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C ",
                             Quote(dir), " -cf ", Quote(tar), " ."));
   if (r.exit_code != 0) return absl::InternalError(absl::StrCat("tar of ", dir, ": ", r.output));
+  chmod(tar.c_str(), 0600);  // it holds private keys and the job secret
   FD_ASSIGN_OR_RETURN(std::string sha, Sha256Hex(tar));
   const std::string id = absl::StrCat("ct", c.id, "-", sha.substr(0, 12));
   fs::rename(tar, absl::StrCat(d.state_dir, "/bundles/", id, ".tar"), ec);
@@ -596,6 +597,7 @@ absl::StatusOr<Deployment> Prepare(const PveOptions& o, bool build_bundles) {
   if (!build_bundles) return d;
   std::error_code ec;
   fs::create_directories(d.state_dir + "/bundles", ec);
+  chmod(d.state_dir.c_str(), 0700);  // the job's keys and secret are in here
   if (ec)
     return absl::InternalError(absl::StrCat("cannot create ", d.state_dir, ": ", ec.message()));
   // The job's PKI, made once and kept: the coordinator's certificate names its address.
