@@ -3,16 +3,22 @@
 //   it flashdraft inspect PATH                                            list a safetensors
 //   file/model flashdraft version
 // (launch, debug, prepare, eval and export arrive with their issues.)
+#include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli/launch.h"
 #include "cli/make_shards.h"
@@ -83,27 +89,98 @@ int Drain(const std::string& address, const ClientSecurity& security, const std:
   return 0;
 }
 
-int PrintStatus(const std::string& address, const ClientSecurity& security) {
+// "45s", "4m05s", "2h03m".
+std::string Duration(double seconds) {
+  const int64_t s = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%dh%02dm", s / 3600, (s % 3600) / 60);
+}
+
+// The status as a person reads it at a glance.
+std::string FormatStatus(const v1::StatusReply& r) {
+  std::string out =
+      absl::StrFormat("job %s  state %s  step %d/%d  workers %d  epoch %d\n", r.job_name(),
+                      r.state(), r.step(), r.total_steps(), r.world_size(), r.membership_epoch());
+  if (r.step() > 0) {
+    absl::StrAppendFormat(&out, "  %.0f%% done",
+                          100.0 * r.step() / std::max<uint64_t>(1, r.total_steps()));
+    if (r.eta_seconds() > 0 && r.state() == "training") {
+      absl::StrAppend(&out, ", ETA ", Duration(r.eta_seconds()));
+    }
+    absl::StrAppendFormat(&out, "   loss %.4f  tau %.3f  %.0f tok/s  %.3f s/step\n", r.loss(),
+                          r.tau_estimate(), r.tokens_per_second(), r.step_seconds());
+  }
+  if (r.last_checkpoint_step() == 0) {
+    absl::StrAppend(&out, "  last checkpoint: none yet\n");
+  } else if (r.last_checkpoint_age_seconds() < 0) {
+    absl::StrAppend(&out, "  last checkpoint: step ", r.last_checkpoint_step(),
+                    " (resumed from it)\n");
+  } else {
+    absl::StrAppend(&out, "  last checkpoint: step ", r.last_checkpoint_step(), ", ",
+                    Duration(r.last_checkpoint_age_seconds()), " ago\n");
+  }
+  if (r.workers_size() > 0) {
+    absl::StrAppendFormat(&out, "  %-24s %-7s %4s  %-10s %7s %8s %10s\n", "WORKER", "STATE", "RANK",
+                          "PHASE", "STEP", "HEARD", "STEP TIME");
+  }
+  for (const v1::WorkerStatus& w : r.workers()) {
+    absl::StrAppendFormat(&out, "  %-24s %-7s %4s  %-10s %7d %7.1fs %10s%s\n", w.worker_id(),
+                          w.state(), w.rank() >= 0 ? absl::StrCat(w.rank()) : "-", w.phase(),
+                          w.step(), w.seconds_since_heard(),
+                          w.step_seconds() > 0 ? absl::StrFormat("%.3fs", w.step_seconds()) : "-",
+                          w.leaving() ? "  (leaving)" : "");
+  }
+  return out;
+}
+
+// `flashdraft status ADDR [--json] [--watch SECONDS]`.
+int PrintStatus(const std::string& address, const ClientSecurity& security, bool json,
+                double watch_seconds) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateSecureChannel(address, security);
   if (!channel.ok()) return Fail(channel.status());
   auto stub = v1::Coordinator::NewStub(*channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  v1::StatusReply reply;
-  grpc::Status s = stub->Status(&ctx, v1::StatusRequest(), &reply);
-  if (!s.ok()) return Fail(CallFailed(address, s));
-  std::printf("state %s  step %llu/%llu  workers %u  epoch %llu  loss %.4f  tau %.3f\n",
-              reply.state().c_str(), static_cast<unsigned long long>(reply.step()),
-              static_cast<unsigned long long>(reply.total_steps()), reply.world_size(),
-              static_cast<unsigned long long>(reply.membership_epoch()), reply.loss(),
-              reply.tau_estimate());
-  for (const v1::WorkerStatus& w : reply.workers()) {
-    std::printf("  worker %-20s %-6s rank %2d  %-9s step %-6llu last heard %.1f s ago%s\n",
-                w.worker_id().c_str(), w.state().c_str(), w.rank(), w.phase().c_str(),
-                static_cast<unsigned long long>(w.step()), w.seconds_since_heard(),
-                w.leaving() ? "  (leaving)" : "");
+  const bool terminal = isatty(STDOUT_FILENO) == 1;
+  for (int round = 0;; ++round) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::StatusReply reply;
+    grpc::Status s = stub->Status(&ctx, v1::StatusRequest(), &reply);
+    // Once it answered: a coordinator shutting down cancels the call, a gone one is unavailable.
+    if (!s.ok() && round > 0 &&
+        (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         s.error_code() == grpc::StatusCode::CANCELLED)) {
+      std::printf("the coordinator at %s is gone: the job ended or it was stopped\n",
+                  address.c_str());
+      return 0;
+    }
+    if (!s.ok()) {
+      absl::Status failed = CallFailed(address, s);
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        failed = absl::UnavailableError(
+            absl::StrCat(failed.message(),
+                         " (a finished job's coordinator exits: its results are in the "
+                         "job's output_dir)"));
+      }
+      return Fail(failed);
+    }
+    if (json) {
+      std::string text;
+      google::protobuf::util::JsonPrintOptions options;
+      options.preserve_proto_field_names = true;
+      options.always_print_primitive_fields = true;
+      (void)google::protobuf::util::MessageToJsonString(reply, &text, options);
+      std::printf("%s\n", text.c_str());
+    } else {
+      if (watch_seconds > 0 && terminal) std::printf("\033[H\033[2J");  // in place
+      std::printf("%s", FormatStatus(reply).c_str());
+    }
+    std::fflush(stdout);
+    if (watch_seconds <= 0 || reply.state() == "done" || reply.state() == "failed") return 0;
+    if (!terminal && !json) std::printf("\n");
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(static_cast<int64_t>(watch_seconds * 1000)));
   }
-  return 0;
 }
 
 int ConfigCheck(const std::string& path, const std::vector<std::string>& overrides) {
@@ -296,6 +373,13 @@ int main(int argc, char** argv) {
   status->add_option("--drain", drain_worker,
                      "make this worker (a rank of the current epoch, or a worker id) leave at "
                      "the next step boundary");
+  bool status_json = false;
+  status->add_flag("--json", status_json, "print the coordinator's reply as JSON (for scripts)");
+  double status_watch = 0;
+  status
+      ->add_option("--watch", status_watch,
+                   "refresh every SECONDS (in place on a terminal) until the job ends")
+      ->check(CLI::Range(0.1, 3600.0));
   flashdraft::ClientSecurity status_security;
   std::string status_job;
   flashdraft::AddClientSecurityFlags(*status, status_security, status_job);
@@ -354,7 +438,7 @@ int main(int argc, char** argv) {
         flashdraft::ClientSecurityFromJob(status_job, status_security);
     if (!security.ok()) return flashdraft::Fail(security.status());
     if (!drain_worker.empty()) return flashdraft::Drain(status_address, *security, drain_worker);
-    return flashdraft::PrintStatus(status_address, *security);
+    return flashdraft::PrintStatus(status_address, *security, status_json, status_watch);
   }
   if (export_cmd->parsed()) {
     absl::StatusOr<flashdraft::CheckpointInfo> checkpoint =

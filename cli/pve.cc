@@ -12,6 +12,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
@@ -748,22 +749,22 @@ Step ServiceStep(const Deployment& d, const PveContainer& c) {
           check, Exec(c.id, "systemctl enable --now --quiet " + unit)};
 }
 
-std::string StatusCommand(const Deployment& d) {
+std::string StatusCommand(const Deployment& d, bool json = false) {
   return Exec(d.coordinator->id,
               absl::StrCat(kOpt, "/current/bin/flashdraft status 127.0.0.1:", d.cluster.port,
-                           " --job ", kEtc, "/", d.job_name, ".yaml"));
+                           " --job ", kEtc, "/", d.job_name, ".yaml", json ? " --json" : ""));
 }
 
-// "workers N" of `flashdraft status`, or -1.
-int JoinedWorkers(const std::string& status, std::string* state) {
-  int workers = -1;
-  std::vector<std::string> words =
-      absl::StrSplit(status, absl::ByAnyChar(" \n"), absl::SkipEmpty());
-  for (size_t i = 0; i + 1 < words.size(); ++i) {
-    if (words[i] == "workers") absl::SimpleAtoi(words[i + 1], &workers);
-    if (words[i] == "state" && state != nullptr) *state = words[i + 1];
+// The workers in the current epoch from `flashdraft status --json` (and the job's state), or -1.
+int JoinedWorkers(const std::string& status_json, std::string* state) {
+  const nlohmann::json reply = nlohmann::json::parse(status_json, nullptr, false);
+  if (!reply.is_object() || !reply.contains("world_size") || !reply["world_size"].is_number()) {
+    return -1;
   }
-  return workers;
+  if (state != nullptr && reply.contains("state") && reply["state"].is_string()) {
+    *state = reply["state"].get<std::string>();
+  }
+  return reply["world_size"].get<int>();
 }
 
 int Fail(const std::string& command, const absl::Status& s) {
@@ -795,7 +796,7 @@ int Deploy(const PveOptions& o) {
                                   : "off (metrics_port: 0)";
   if (o.dry_run) {
     std::cout << "# until every worker has joined (up to " << o.join_timeout_seconds << " s)\n"
-              << StatusCommand(d) << "\n";
+              << StatusCommand(d, /*json=*/true) << "\n";
     return 0;
   }
   // Every worker joined, or the job is already over (its coordinator exited 0).
@@ -805,7 +806,7 @@ int Deploy(const PveOptions& o) {
   const std::string coordinator_unit = Unit(d, *d.coordinator);
   std::string last, state;
   while (true) {
-    CommandResult r = run.Host(StatusCommand(d));
+    CommandResult r = run.Host(StatusCommand(d, /*json=*/true));
     last = r.output;
     state.clear();
     const int joined = r.exit_code == 0 ? JoinedWorkers(r.output, &state) : -1;

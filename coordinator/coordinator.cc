@@ -213,6 +213,10 @@ absl::StatusOr<bool> Coordinator::Resume() {
   FD_ASSIGN_OR_RETURN(optimizer_state_, SafetensorsModel::Open(latest->optimizer_path));
   // steps.jsonl keeps the records of the steps the checkpoint holds (StepLog::Open).
   start_step_ = static_cast<int64_t>(latest->completed_steps);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_checkpoint_step_ = latest->completed_steps;  // its age is not known: -1
+  }
   LOG(INFO) << "resuming from " << latest->dir << ": step " << start_step_ << " of "
             << total_steps_;
   return true;
@@ -575,6 +579,11 @@ absl::Status Coordinator::TakeCheckpoint(uint64_t completed_steps, const std::st
   }
   FD_ASSIGN_OR_RETURN(const CheckpointInfo info, checkpoints_->Write(completed_steps, tensors));
   const double seconds = clock_->Now() - start;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_checkpoint_step_ = completed_steps;
+    last_checkpoint_at_ = clock_->Now();
+  }
   metrics_->RecordCheckpoint(seconds, UnixSeconds());
   LOG(INFO) << absl::StrFormat("checkpoint %s written in %.2f s", info.dir, seconds);
   return absl::OkStatus();
@@ -620,7 +629,16 @@ void Coordinator::FillStatus(v1::StatusReply* reply) const {
   reply->set_world_size(static_cast<uint32_t>(membership_->world_size()));
   reply->set_loss(last_record_.loss);
   reply->set_tau_estimate(last_record_.TauEstimate());
+  reply->set_job_name(job_.name);
+  reply->set_step_seconds(last_record_.step_seconds);
+  reply->set_tokens_per_second(last_record_.step_seconds > 0
+                                   ? static_cast<double>(last_record_.tokens) /
+                                         last_record_.step_seconds
+                                   : 0.0);
+  reply->set_eta_seconds(eta_seconds_);
   const double now = clock_->Now();
+  reply->set_last_checkpoint_step(last_checkpoint_step_);
+  reply->set_last_checkpoint_age_seconds(last_checkpoint_at_ < 0 ? -1 : now - last_checkpoint_at_);
   for (const MemberInfo& m : membership_->Members()) {
     v1::WorkerStatus* w = reply->add_workers();
     w->set_worker_id(m.worker_id);
@@ -630,6 +648,9 @@ void Coordinator::FillStatus(v1::StatusReply* reply) const {
     w->set_phase(m.phase);
     w->set_step(m.step);
     w->set_leaving(!m.leave_reason.empty());
+    if (m.rank >= 0 && static_cast<size_t>(m.rank) < last_record_.rank_compute_seconds.size()) {
+      w->set_step_seconds(last_record_.rank_compute_seconds[m.rank]);
+    }
   }
 }
 
@@ -973,6 +994,10 @@ absl::Status Coordinator::Run() {
     step_start = now;
     const double elapsed = now - start;
     const double eta = elapsed / (step + 1 - start_step_) * (total_steps_ - step - 1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      eta_seconds_ = eta;
+    }
     const int64_t print_every = std::max<int64_t>(1, total_steps_ / 20);
     if ((step + 1) % print_every == 0 || step == 0 || step + 1 == total_steps_) {
       LOG(INFO) << absl::StrFormat(

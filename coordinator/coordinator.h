@@ -213,7 +213,10 @@ class Coordinator {
   std::string stop_requested_ ABSL_GUARDED_BY(mu_);  // why; empty: none
   uint64_t committed_ ABSL_GUARDED_BY(mu_) = 0;
   StepRecord last_record_ ABSL_GUARDED_BY(mu_);
-  std::string state_ ABSL_GUARDED_BY(mu_) = "waiting";  // waiting, training, paused, done, failed
+  double eta_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_checkpoint_step_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_checkpoint_at_ ABSL_GUARDED_BY(mu_) = -1;  // clock_ time; -1: the one resumed from
+  std::string state_ ABSL_GUARDED_BY(mu_) = "waiting";   // waiting, training, paused, done, failed
 };
 
 }  // namespace flashdraft

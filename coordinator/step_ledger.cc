@@ -62,6 +62,11 @@ absl::StatusOr<StepRecord> StepLedger::Take(uint64_t step) {
     r.allreduce_seconds += t.allreduce_seconds() / world_size_;
     r.optimizer_seconds += t.optimizer_seconds() / world_size_;
     r.max_wait_seconds = std::max(r.max_wait_seconds, t.wait_seconds());
+    if (r.rank_compute_seconds.size() <= static_cast<size_t>(rank)) {
+      r.rank_compute_seconds.resize(rank + 1, 0.0);
+    }
+    r.rank_compute_seconds[rank] =
+        t.forward_seconds() + t.backward_seconds() + t.allreduce_seconds() + t.optimizer_seconds();
     r.collective_bytes += ack.collective_bytes();
   }
   for (int64_t k = 0; k < num_shards; ++k) {

@@ -19,6 +19,7 @@ v1::StepAck Ack(uint64_t epoch, uint64_t step, int64_t first, int64_t end, int s
   ack.set_membership_epoch(epoch);
   ack.mutable_timings()->set_wait_seconds(0.5 * static_cast<double>(first + 1));
   ack.mutable_timings()->set_forward_seconds(1.0);
+  ack.mutable_timings()->set_backward_seconds(0.25 * static_cast<double>(first));
   ack.set_collective_bytes(100);
   for (int64_t k = first; k < end; ++k) {
     v1::ShardResult* r = ack.add_shards();
@@ -53,6 +54,8 @@ TEST(StepLedgerTest, SumsEveryShardOnceInShardOrder) {
   EXPECT_THAT(r->slot_total, ElementsAre(12, 12));
   EXPECT_DOUBLE_EQ(r->wait_seconds, (0.5 + 1.5) / 2);  // mean over ranks
   EXPECT_DOUBLE_EQ(r->max_wait_seconds, 1.5);
+  // Each rank's own compute time (no waiting), for `flashdraft status`: rank 1 had shards 2..3.
+  EXPECT_THAT(r->rank_compute_seconds, ElementsAre(1.0, 1.5));
   EXPECT_EQ(r->collective_bytes, 200u);
   EXPECT_FALSE(ledger.Complete(5));  // taken
 }

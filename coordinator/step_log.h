@@ -27,6 +27,8 @@ struct StepRecord {
   double wait_seconds = 0, forward_seconds = 0, backward_seconds = 0, allreduce_seconds = 0,
          optimizer_seconds = 0;  // mean over ranks
   double max_wait_seconds = 0;
+  // Per rank: forward + backward + all-reduce + optimizer (its step time without waiting).
+  std::vector<double> rank_compute_seconds;
   double step_seconds = 0;
   double learning_rate = 0;
 

@@ -1,6 +1,7 @@
 // Observability checked with Prometheus's own tools: the alert rules pass `promtool check rules`
 // and their unit tests (`promtool test rules`), and a live scrape of a training coordinator passes
-// `promtool check metrics` (exit 3 means lint problems: a failure here).
+// `promtool check metrics` (exit 3 means lint problems: a failure here); `flashdraft status` shows
+// the job at a glance, as JSON and until it ends.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -9,6 +10,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
@@ -36,6 +38,23 @@ const std::string kPromtool = "/usr/bin/promtool";
                     "scripts/setup.sh installs it)";                                \
   }
 
+// Synthetic shards and a job of `steps` steps on them in `dir` (with `extra` YAML); its path, or ""
+// when the shards could not be made.
+std::string WriteJob(const TempDir& dir, const std::string& name, int steps,
+                     const std::string& extra) {
+  auto made = RunCommand(absl::StrCat(kBin, "/flashdraft make-shards --out ", dir.Join("shards"),
+                                      " --samples 24 --seq 64 --vocab 48 --hidden 32 --seed 2"));
+  EXPECT_EQ(made.exit_code, 0) << made.output;
+  const std::string job = dir.Join("job.yaml");
+  const absl::Status written = WriteFileAtomically(
+      job, absl::StrCat("name: ", name, "\noutput_dir: ", dir.Join("out"),
+                        "\ndrafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, "
+                        "max_anchors: 8}\ndata: {source: shards, shards_dir: ",
+                        dir.Join("shards"), ", max_seq_len: 64}\ntrain: {seed: 1, max_steps: ",
+                        steps, ", global_batch_size: 6}\n", extra));
+  return made.exit_code == 0 && written.ok() ? job : "";
+}
+
 TEST(PrometheusTest, AlertRulesPassPromtoolAndTheirUnitTests) {
   FD_SKIP_WITHOUT_PROMTOOL();
   const std::string dir = kSource + "/deploy/prometheus";
@@ -51,20 +70,9 @@ TEST(PrometheusTest, AlertRulesPassPromtoolAndTheirUnitTests) {
 TEST(PrometheusTest, ALiveCoordinatorScrapePassesPromtoolCheckMetrics) {
   FD_SKIP_WITHOUT_PROMTOOL();
   TempDir dir;
-  auto made = RunCommand(absl::StrCat(kBin, "/flashdraft make-shards --out ", dir.Join("shards"),
-                                      " --samples 24 --seq 64 --vocab 48 --hidden 32 --seed 2"));
-  ASSERT_EQ(made.exit_code, 0) << made.output;
-  const std::string job = dir.Join("job.yaml");
-  ASSERT_TRUE(WriteFileAtomically(
-                  job, absl::StrCat("output_dir: ", dir.Join("out"),
-                                    "\ndrafter: {num_hidden_layers: 1, block_size: 8, "
-                                    "num_target_features: 2, max_anchors: 8}\n"
-                                    "data: {source: shards, shards_dir: ",
-                                    dir.Join("shards"),
-                                    ", max_seq_len: 64}\n"
-                                    "train: {seed: 1, max_steps: 100000, global_batch_size: 6}\n"
-                                    "metrics: {enabled: true, listen: '127.0.0.1:0'}\n"))
-                  .ok());
+  const std::string job =
+      WriteJob(dir, "metrics", 100000, "metrics: {enabled: true, listen: '127.0.0.1:0'}\n");
+  ASSERT_FALSE(job.empty());
   CoordinatorProcess coordinator(kBin, job, dir.Join("coordinator.log"));
   ASSERT_GT(coordinator.port(), 0) << *ReadFile(dir.Join("coordinator.log"));
   const int metrics_port = testing::WaitForPortFile(dir.Join("out/metrics.port"));
@@ -91,6 +99,59 @@ TEST(PrometheusTest, ALiveCoordinatorScrapePassesPromtoolCheckMetrics) {
   auto lint = RunCommand(absl::StrCat(kPromtool, " check metrics < ", dir.Join("scrape.txt")));
   EXPECT_EQ(lint.exit_code, 0) << lint.output;
   EXPECT_EQ(lint.output, "");
+}
+
+// `flashdraft status`: a table at a glance (progress, ETA, loss, τ, tokens/s, the last checkpoint
+// and its age, each worker's state, heartbeat and step time), --json for scripts, --watch until
+// the job ends, and a clear message once its coordinator is gone.
+TEST(StatusTest, ShowsTheJobAtAGlanceAsJsonAndFollowsItToTheEnd) {
+  TempDir dir;
+  const std::string job = WriteJob(dir, "glance", 400, "checkpoint: {every_steps: 50}\n");
+  ASSERT_FALSE(job.empty());
+  CoordinatorProcess coordinator(kBin, job, dir.Join("coordinator.log"));
+  ASSERT_GT(coordinator.port(), 0) << *ReadFile(dir.Join("coordinator.log"));
+  const std::string status =
+      absl::StrCat(kBin, "/flashdraft status 127.0.0.1:", coordinator.port());
+  const int worker = StartProcess({kBin + "/flashdraft-worker", "--coordinator",
+                                   absl::StrCat("127.0.0.1:", coordinator.port()), "--id", "w0"},
+                                  dir.Join("worker.log"));
+  nlohmann::json reply;
+  for (int i = 0; i < 600; ++i) {
+    auto r = RunCommand(status + " --json");
+    reply = nlohmann::json::parse(r.output, nullptr, false);
+    if (reply.is_object() && reply.value("last_checkpoint_step", "0") != "0") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(reply.is_object()) << reply.dump();
+  EXPECT_EQ(reply["job_name"], "glance");
+  EXPECT_EQ(reply["state"], "training");
+  EXPECT_EQ(reply["world_size"], 1);
+  EXPECT_EQ(reply["total_steps"], "400");  // 64-bit integers are strings in proto3 JSON
+  EXPECT_GT(reply["eta_seconds"].get<double>(), 0);
+  EXPECT_GT(reply["tokens_per_second"].get<double>(), 0);
+  EXPECT_GE(reply["last_checkpoint_age_seconds"].get<double>(), 0);
+  ASSERT_EQ(reply["workers"].size(), 1u);
+  EXPECT_EQ(reply["workers"][0]["worker_id"], "w0");
+  EXPECT_GT(reply["workers"][0]["step_seconds"].get<double>(), 0);
+
+  auto table = RunCommand(status);
+  EXPECT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_THAT(table.output, HasSubstr("job glance  state training  step "));
+  EXPECT_THAT(table.output, HasSubstr("% done, ETA "));
+  EXPECT_THAT(table.output, HasSubstr("tok/s"));
+  EXPECT_THAT(table.output, ::testing::ContainsRegex("last checkpoint: step [0-9]+, [0-9]+s ago"));
+  EXPECT_THAT(table.output, HasSubstr("WORKER"));
+  EXPECT_THAT(table.output, ::testing::ContainsRegex("w0 +active +0 "));
+
+  // --watch (not a terminal: one block per refresh) follows the job until its coordinator goes.
+  auto watched = RunCommand(status + " --watch 0.2");
+  EXPECT_EQ(watched.exit_code, 0) << watched.output;
+  EXPECT_THAT(watched.output, HasSubstr("is gone: the job ended or it was stopped"));
+  EXPECT_EQ(coordinator.Wait(60), 0);
+  waitpid(worker, nullptr, 0);
+  auto after = RunCommand(status);
+  EXPECT_EQ(after.exit_code, 1);
+  EXPECT_THAT(after.output, HasSubstr("a finished job's coordinator exits"));
 }
 
 }  // namespace
