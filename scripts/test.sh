@@ -4,7 +4,7 @@
 # ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --tests
 
 # Sanitizers on what does not link LibTorch (Debian's LibTorch is not built for ASan).
 FLASHDRAFT_BUILD_DIR=build-asan FLASHDRAFT_TARGETS="flashdraft_common_test flashdraft_coordinator_test" \
