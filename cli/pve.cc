@@ -349,6 +349,10 @@ class Runner {
       }
       if (!s.check.empty()) {
         CommandResult c = s.local ? RunShell(s.check) : Host(s.check);
+        if (!s.local && c.exit_code == 255) {  // ssh's own failure, not the check's answer
+          return absl::UnavailableError(
+              absl::StrCat("cannot reach the Proxmox host ", host_, " over ssh: ", c.output));
+        }
         if (c.exit_code == 0) {
           std::cout << "  unchanged  " << s.what << "\n" << std::flush;
           continue;
@@ -366,7 +370,6 @@ class Runner {
   }
 
   int changed() const { return changed_; }
-  bool dry_run() const { return dry_run_; }
 
  private:
   std::string host_;

@@ -530,6 +530,19 @@ TEST(DeployTest, ProxmoxDryRunIsWhatTheDocsShowAndBadClusterFilesAreRefused) {
   }
   EXPECT_EQ(gpu_lines, *ReadFile(kSource + "/tests/deploy/gpu-cgroup.golden"));
 
+  // A host ssh cannot reach is named as such (not taken for "not done yet" by the first check).
+  if (access("/usr/bin/ssh", X_OK) == 0) {
+    const std::string unreachable = dir.Join("unreachable.yaml");
+    ASSERT_TRUE(WriteFileAtomically(
+                    unreachable,
+                    absl::StrReplaceAll(*ReadFile(cgroup), {{"root@pve1", "root@pve.invalid"}}))
+                    .ok());
+    auto r = RunCommand(
+        absl::StrCat(pve, "deploy ", unreachable, " ", examples, "job.example.yaml --state s"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_THAT(r.output, HasSubstr("cannot reach the Proxmox host root@pve.invalid over ssh"));
+  }
+
   struct Case {
     std::string yaml, want;
   };
