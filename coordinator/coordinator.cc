@@ -19,6 +19,7 @@
 #include "common/shard_tree.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
+#include "coordinator/scrape_targets.h"
 #include "coordinator/service.h"
 #include "glog/logging.h"
 #include "model/dflash_math.h"
@@ -183,6 +184,13 @@ absl::Status Coordinator::Start() {
     FD_ASSIGN_OR_RETURN(const int metrics_port, metrics_->Serve(job_.metrics.listen));
     FD_RETURN_IF_ERROR(
         WriteFileAtomically(job_.output_dir + "/metrics.port", absl::StrCat(metrics_port, "\n")));
+    // Prometheus's file_sd view of the job (the coordinator; workers join it as they serve theirs).
+    std::error_code ec;
+    std::filesystem::create_directories(job_.output_dir + "/prometheus", ec);
+    FD_RETURN_IF_ERROR(WriteFileAtomically(
+        job_.output_dir + "/prometheus/targets.json",
+        ScrapeTargetsJson(
+            job_.name, {{ScrapeAddress(job_.metrics.listen, metrics_port), "coordinator", ""}})));
     LOG(INFO) << "metrics on port " << metrics_port << " (/metrics"
               << (IsLoopbackListen(job_.metrics.listen)
                       ? ", this host only)"

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -152,6 +153,76 @@ TEST(StatusTest, ShowsTheJobAtAGlanceAsJsonAndFollowsItToTheEnd) {
   auto after = RunCommand(status);
   EXPECT_EQ(after.exit_code, 1);
   EXPECT_THAT(after.output, HasSubstr("a finished job's coordinator exits"));
+}
+
+// The shipped prometheus.yml is valid; a real Prometheus server, pointed at the job's own file_sd
+// target file, scrapes a training coordinator and loads the alert rules.
+TEST(PrometheusTest, ARealPrometheusScrapesTheJobFromItsTargetFile) {
+  FD_SKIP_WITHOUT_PROMTOOL();
+  if (access("/usr/bin/prometheus", X_OK) != 0) {
+    GTEST_SKIP() << "needs /usr/bin/prometheus (package prometheus; scripts/setup.sh --tests)";
+  }
+  auto shipped = RunCommand(absl::StrCat("cd ", kSource, "/deploy/prometheus && ", kPromtool,
+                                         " check config prometheus.yml"));
+  EXPECT_EQ(shipped.exit_code, 0) << shipped.output;
+  EXPECT_THAT(shipped.output, HasSubstr("SUCCESS: prometheus.yml is valid"));
+
+  TempDir dir;
+  const std::string job =
+      WriteJob(dir, "prom", 100000, "metrics: {enabled: true, listen: '127.0.0.1:0'}\n");
+  ASSERT_FALSE(job.empty());
+  CoordinatorProcess coordinator(kBin, job, dir.Join("coordinator.log"));
+  ASSERT_GT(coordinator.port(), 0) << *ReadFile(dir.Join("coordinator.log"));
+  const std::string targets = dir.Join("out/prometheus/targets.json");
+  ASSERT_TRUE(std::filesystem::exists(targets));
+  const std::string config = dir.Join("prometheus.yml");
+  ASSERT_TRUE(WriteFileAtomically(config, absl::StrCat("global: {scrape_interval: 1s, "
+                                                       "evaluation_interval: 1s}\nrule_files: [",
+                                                       kSource, "/deploy/prometheus/alerts.yml]\n",
+                                                       "scrape_configs:\n  - job_name: flashdraft\n"
+                                                       "    file_sd_configs: [{files: ['",
+                                                       targets, "'], refresh_interval: 1s}]\n"))
+                  .ok());
+  auto checked = RunCommand(absl::StrCat(kPromtool, " check config ", config));
+  ASSERT_EQ(checked.exit_code, 0) << checked.output;
+  const int port = testing::FreeTcpPort();
+  const int prometheus = StartProcess(
+      {"/usr/bin/prometheus", "--config.file=" + config, "--storage.tsdb.path=" + dir.Join("tsdb"),
+       absl::StrCat("--web.listen-address=127.0.0.1:", port)},
+      dir.Join("prometheus.log"));
+  const int worker = StartProcess({kBin + "/flashdraft-worker", "--coordinator",
+                                   absl::StrCat("127.0.0.1:", coordinator.port())},
+                                  dir.Join("worker.log"));
+  // flashdraft_step as Prometheus stored it, with the target file's labels; -1 until it has one.
+  auto stored_step = [&]() -> double {
+    auto r = HttpGet(port, "/api/v1/query?query=flashdraft_step");
+    if (!r.ok()) return -1;
+    const nlohmann::json reply = nlohmann::json::parse(r->body, nullptr, false);
+    if (!reply.is_object() || !reply.contains("data") || reply["data"]["result"].empty()) return -1;
+    const nlohmann::json& series = reply["data"]["result"][0];
+    EXPECT_EQ(series["metric"]["flashdraft_job"], "prom");
+    EXPECT_EQ(series["metric"]["role"], "coordinator");
+    return std::stod(series["value"][1].get<std::string>());
+  };
+  // The first samples take ~6 s even at a 1 s interval: poll, then see the step advance.
+  double first = -1, later = -1;
+  for (int i = 0; i < 600 && first <= 0; ++i) {
+    first = stored_step();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  for (int i = 0; i < 600 && later <= first; ++i) {
+    later = stored_step();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GT(first, 0) << *ReadFile(dir.Join("prometheus.log"));
+  EXPECT_GT(later, first);
+  auto rules = HttpGet(port, "/api/v1/rules");
+  ASSERT_TRUE(rules.ok()) << rules.status();
+  EXPECT_THAT(rules->body, HasSubstr("FlashdraftNoStepCommitted"));
+  for (int pid : {worker, prometheus}) {
+    kill(pid, SIGTERM);
+    waitpid(pid, nullptr, 0);
+  }
 }
 
 }  // namespace

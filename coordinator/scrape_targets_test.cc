@@ -1,0 +1,34 @@
+#include "coordinator/scrape_targets.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+namespace flashdraft {
+namespace {
+
+TEST(ScrapeTargetsTest, OneLabelledGroupPerProcess) {
+  const nlohmann::json groups = nlohmann::json::parse(ScrapeTargetsJson(
+      "demo", {{"10.0.0.5:9400", "coordinator", ""}, {"10.0.0.6:9401", "worker", "gpu0"}}));
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0]["targets"], nlohmann::json::array({"10.0.0.5:9400"}));
+  EXPECT_EQ(groups[0]["labels"],
+            (nlohmann::json{{"flashdraft_job", "demo"}, {"role", "coordinator"}}));
+  EXPECT_EQ(groups[1]["labels"]["worker"], "gpu0");
+  EXPECT_EQ(ScrapeTargetsJson("demo", {}), "[]\n");
+}
+
+TEST(ScrapeTargetsTest, EveryInterfaceMeansThisHostsName) {
+  EXPECT_EQ(ScrapeAddress("127.0.0.1:0", 9400), "127.0.0.1:9400");
+  EXPECT_EQ(ScrapeAddress("10.1.2.3:9400", 9400), "10.1.2.3:9400");
+  EXPECT_EQ(ScrapeAddress("[::1]:0", 9401), "[::1]:9401");
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  EXPECT_EQ(ScrapeAddress("0.0.0.0:9400", 9400), std::string(host) + ":9400");
+  EXPECT_EQ(ScrapeAddress("[::]:0", 7), std::string(host) + ":7");
+}
+
+}  // namespace
+}  // namespace flashdraft
