@@ -12,10 +12,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/file_util.h"
 #include "tests/support/test_util.h"
 
@@ -100,6 +103,39 @@ TEST(PrometheusTest, ALiveCoordinatorScrapePassesPromtoolCheckMetrics) {
   auto lint = RunCommand(absl::StrCat(kPromtool, " check metrics < ", dir.Join("scrape.txt")));
   EXPECT_EQ(lint.exit_code, 0) << lint.output;
   EXPECT_EQ(lint.output, "");
+
+  // The Grafana dashboard asks only for metrics this scrape has (no list in the test to go stale).
+  std::set<std::string> exported;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    exported.insert(std::string(line.substr(0, line.find_first_of("{ "))));
+  }
+  const nlohmann::json dashboard =
+      nlohmann::json::parse(*ReadFile(kSource + "/deploy/grafana/flashdraft.json"), nullptr, false);
+  ASSERT_TRUE(dashboard.is_object()) << "deploy/grafana/flashdraft.json is not JSON";
+  std::vector<std::string> queries;
+  ASSERT_FALSE(dashboard["panels"].empty());
+  for (const nlohmann::json& panel : dashboard["panels"]) {
+    EXPECT_FALSE(panel.value("title", "").empty());
+    EXPECT_FALSE(panel["targets"].empty()) << panel.value("title", "");
+    for (const nlohmann::json& target : panel["targets"]) queries.push_back(target["expr"]);
+  }
+  for (const nlohmann::json& annotation : dashboard["annotations"]["list"]) {
+    queries.push_back(annotation["expr"]);
+  }
+  const std::regex metric("flashdraft_[a-z_]+");
+  int names = 0;
+  const std::regex selector("\\{[^}]*\\}");  // label matchers name labels, not metrics
+  for (const std::string& query : queries) {
+    const std::string names_only = std::regex_replace(query, selector, "");
+    for (std::sregex_iterator it(names_only.begin(), names_only.end(), metric), end; it != end;
+         ++it) {
+      ++names;
+      EXPECT_TRUE(exported.count(it->str()))
+          << it->str() << " (in `" << query << "`) is not in a live scrape";
+    }
+  }
+  EXPECT_GT(names, 15);
 }
 
 // `flashdraft status`: a table at a glance (progress, ETA, loss, τ, tokens/s, the last checkpoint
