@@ -285,6 +285,8 @@ TEST(DeployTest, SlurmBatchScriptTrainsCheckpointsAtSigtermAndResumes) {
   const std::string first_log = ReadFile(root + "/slurm-" + id + ".out").value_or("");
   EXPECT_EQ(state, "COMPLETED 0:0") << first_log;
   EXPECT_THAT(first_log, HasSubstr("SIGTERM: checkpointing"));
+  EXPECT_THAT(first_log, HasSubstr(absl::StrCat("output in ", root, "/out (Prometheus: ", root,
+                                                "/out/prometheus/targets.json)")));
   const size_t stopped_at = ReadSteps(steps).size();
   EXPECT_LT(stopped_at, static_cast<size_t>(kSteps)) << "the job ended before the signal";
   EXPECT_TRUE(std::filesystem::exists(absl::StrCat(root, "/out/checkpoints"))) << first_log;
@@ -304,6 +306,19 @@ TEST(DeployTest, SlurmBatchScriptTrainsCheckpointsAtSigtermAndResumes) {
   EXPECT_THAT(second_log, HasSubstr("worker '" + node + "-0'"));
   EXPECT_THAT(second_log, HasSubstr("worker '" + node + "-1'"));
   EXPECT_TRUE(std::filesystem::exists(root + "/out/drafter/model.safetensors")) << second_log;
+
+  // A broken job fails the batch job at once, saying so, before a coordinator or worker starts.
+  ASSERT_TRUE(WriteFileAtomically(root + "/broken.yaml", "train: {max_steps: -1}\n").ok());
+  auto broken =
+      slurm.Run(absl::StrCat("sbatch --wait --ntasks=1 --time=2 --output=", root, "/broken.out ",
+                             ShellQuote(kSource + "/deploy/slurm/flashdraft.sbatch"), " ", root,
+                             "/broken.yaml"),
+                env);
+  EXPECT_NE(broken.exit_code, 0) << broken.output;
+  const std::string broken_log = ReadFile(root + "/broken.out").value_or("");
+  EXPECT_THAT(broken_log, HasSubstr("train.max_steps"));
+  EXPECT_THAT(broken_log, HasSubstr("is not a job this script can run"));
+  EXPECT_THAT(broken_log, ::testing::Not(HasSubstr("coordinator on")));
 }
 
 // A scratch "Proxmox host" on this machine: the pct and ssh stand-ins of tests/deploy first on
