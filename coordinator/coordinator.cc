@@ -224,6 +224,7 @@ absl::StatusOr<bool> Coordinator::Resume() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     last_checkpoint_step_ = latest->completed_steps;  // its age is not known: -1
+    last_checkpoint_dir_ = latest->dir;
   }
   LOG(INFO) << "resuming from " << latest->dir << ": step " << start_step_ << " of "
             << total_steps_;
@@ -591,6 +592,7 @@ absl::Status Coordinator::TakeCheckpoint(uint64_t completed_steps, const std::st
     std::lock_guard<std::mutex> lock(mu_);
     last_checkpoint_step_ = completed_steps;
     last_checkpoint_at_ = clock_->Now();
+    last_checkpoint_dir_ = info.dir;
   }
   metrics_->RecordCheckpoint(seconds, UnixSeconds());
   LOG(INFO) << absl::StrFormat("checkpoint %s written in %.2f s", info.dir, seconds);
@@ -598,15 +600,20 @@ absl::Status Coordinator::TakeCheckpoint(uint64_t completed_steps, const std::st
 }
 
 absl::Status Coordinator::ExportFinalDrafter() {
-  FD_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> last, checkpoints_->Latest());
-  if (!last.has_value() || last->completed_steps != static_cast<uint64_t>(total_steps_)) {
+  // The checkpoint this process wrote (or resumed from, verified then): not read a second time.
+  std::string last;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (last_checkpoint_step_ == static_cast<uint64_t>(total_steps_)) last = last_checkpoint_dir_;
+  }
+  if (last.empty()) {
     return absl::DataLossError(absl::StrCat(
         "the checkpoint of the last step (", total_steps_,
         ") was not written, so the drafter was not exported; `flashdraft export --checkpoint "
         "DIR --out DIR` exports the newest checkpoint there is"));
   }
   const std::string dir = job_.output_dir + "/drafter";
-  FD_RETURN_IF_ERROR(ExportCheckpoint(last->dir, dir));
+  FD_RETURN_IF_ERROR(ExportCheckpoint(last, dir));
   LOG(INFO) << "exported the drafter to " << dir;
   return absl::OkStatus();
 }

@@ -215,8 +215,9 @@ class Coordinator {
   StepRecord last_record_ ABSL_GUARDED_BY(mu_);
   double eta_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_checkpoint_step_ ABSL_GUARDED_BY(mu_) = 0;
-  double last_checkpoint_at_ ABSL_GUARDED_BY(mu_) = -1;  // clock_ time; -1: the one resumed from
-  std::string state_ ABSL_GUARDED_BY(mu_) = "waiting";   // waiting, training, paused, done, failed
+  std::string last_checkpoint_dir_ ABSL_GUARDED_BY(mu_);  // verified: written or resumed from
+  double last_checkpoint_at_ ABSL_GUARDED_BY(mu_) = -1;   // clock_ time; -1: the one resumed from
+  std::string state_ ABSL_GUARDED_BY(mu_) = "waiting";    // waiting, training, paused, done, failed
 };
 
 }  // namespace flashdraft

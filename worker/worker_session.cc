@@ -101,16 +101,14 @@ void WorkerSession::End(absl::Status status) {
   if (!end_) end_ = std::move(status);
 }
 
-// The end of the job (or of this worker's part in it). The finished job's drafter is exported by
-// the coordinator from the last checkpoint, on its own disk: workers write nothing of the job's.
-absl::Status WorkerSession::Shutdown(const InboxItem& item) {
+void WorkerSession::Shutdown(const InboxItem& item) {
   LOG(INFO) << "shutdown: " << item.text;
-  return absl::OkStatus();
+  End(absl::OkStatus());
 }
 
 bool WorkerSession::EndsSession(const InboxItem& item) {
   if (item.kind == InboxItem::kShutdown) {
-    End(Shutdown(item));
+    Shutdown(item);
     return true;
   }
   if (item.kind == InboxItem::kError) {
@@ -300,7 +298,7 @@ void WorkerSession::AwaitCommit(const v1::Microbatch& step) {
       case InboxItem::kShutdown:
         trainer_.DiscardGradients();
         LOG(INFO) << "shutdown before the commit of step " << step.step();
-        End(Shutdown(next));
+        Shutdown(next);
         return;
       case InboxItem::kError:
         End(absl::UnavailableError(next.text));

@@ -74,8 +74,8 @@ class WorkerSession {
                                                                SessionHooks hooks = {});
   ~WorkerSession();
 
-  // Trains until a Shutdown (OK; rank 0 of a finished job exports the drafter to
-  // <output_dir>/drafter), the end of the stream (UNAVAILABLE: join again) or a fatal error (told
+  // Trains until a Shutdown (OK; the coordinator exports a finished job's drafter, workers write
+  // nothing of the job's), the end of the stream (UNAVAILABLE: join again) or a fatal error (told
   // to the coordinator, returned), over the just-opened Train stream `link`, which it ends. Once.
   absl::Status Run(CoordinatorLink& link);
 
@@ -93,7 +93,8 @@ class WorkerSession {
   void End(absl::Status status);
   // A Shutdown or the end of the stream ends the session (true).
   bool EndsSession(const InboxItem& item);
-  absl::Status Shutdown(const InboxItem& item);
+  // The end of the job, or of this worker's part in it: logged; the session ends OK.
+  void Shutdown(const InboxItem& item);
 
   // Membership: joins the group of a new epoch, leaving the old one (its uncommitted gradients
   // are dropped). OK, ABORTED (a newer epoch came meanwhile), UNAVAILABLE (the group could not
