@@ -116,6 +116,9 @@ int Launch(const LaunchOptions& o) {
   std::error_code ec;
   std::filesystem::create_directories(job->output_dir + "/logs", ec);
   if (ec) return fail(absl::StrCat("cannot create ", job->output_dir, "/logs: ", ec.message()));
+  // Each worker's /metrics port, where a person finds it (targets.json lists them for Prometheus).
+  const bool worker_metrics = job->metrics.enabled && !job->metrics.worker_listen.empty();
+  if (worker_metrics) std::filesystem::create_directories(job->output_dir + "/metrics", ec);
   const std::string job_file = job->output_dir + "/job.yaml";
   if (absl::Status s = WriteFileAtomically(job_file, JobConfigToYaml(*job)); !s.ok()) {
     return fail(std::string(s.message()));
@@ -225,6 +228,10 @@ int Launch(const LaunchOptions& o) {
     std::vector<std::string> argv = {worker_bin, "--coordinator", absl::StrCat("127.0.0.1:", port),
                                      "--id", absl::StrCat("worker-", r)};
     argv.insert(argv.end(), worker_security.begin(), worker_security.end());
+    if (worker_metrics) {
+      argv.push_back("--metrics-port-file");
+      argv.push_back(absl::StrCat(job->output_dir, "/metrics/worker-", r, ".port"));
+    }
     if (add_child(absl::StrCat("worker-", r), argv) == nullptr) {
       signal_all(SIGTERM);
       return fail("cannot start a worker");

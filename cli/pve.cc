@@ -434,6 +434,9 @@ absl::Status AdaptJob(Deployment& d) {
     overrides.push_back("metrics.enabled=true");
     overrides.push_back(
         absl::StrCat("metrics.listen=", Address(d.coordinator->ip), ":", d.cluster.metrics_port));
+    // Each worker on a free port of its container, listed in the job's target file under the
+    // address it reaches the coordinator from.
+    overrides.push_back("metrics.worker_listen=0.0.0.0:0");
   }
   return ApplyOverrides(j, overrides);
 }

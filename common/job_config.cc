@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -225,6 +226,7 @@ const std::vector<Field>& Fields() {
 
       FD_FIELD(metrics, enabled, bool),
       FD_FIELD(metrics, listen, std::string),
+      FD_FIELD(metrics, worker_listen, std::string),
 
       FD_FIELD(security, tls_cert, std::string),
       FD_FIELD(security, tls_key, std::string),
@@ -358,6 +360,22 @@ absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
   }
   if (!c.security.client_cert.empty() && c.security.tls_cert.empty()) {
     return Invalid(source, "security.client_cert", "needs security.tls_cert and security.tls_key");
+  }
+  auto check_listen = [&source](const char* field, const std::string& listen) -> absl::Status {
+    const size_t colon = listen.rfind(':');
+    int port = -1;
+    if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
+        port < 0 || port > 65535) {
+      return Invalid(source, field,
+                     absl::StrCat("'", listen, "' is not HOST:PORT (port 0-65535; 0 picks one)"));
+    }
+    return absl::OkStatus();
+  };
+  if (c.metrics.enabled) {
+    FD_RETURN_IF_ERROR(check_listen("metrics.listen", c.metrics.listen));
+    if (!c.metrics.worker_listen.empty()) {
+      FD_RETURN_IF_ERROR(check_listen("metrics.worker_listen", c.metrics.worker_listen));
+    }
   }
   // Secure by default: a port other hosts can reach needs TLS and the job secret.
   if (!IsLoopbackListen(c.cluster.listen) && !c.security.insecure &&

@@ -98,7 +98,7 @@ struct ClusterConfig {
 };
 
 struct CheckpointConfig {
-  std::string dir;        // empty: <output_dir>/checkpoints
+  std::string dir;  // empty: <output_dir>/checkpoints
   // 0: none before the last step. The last step is always checkpointed: the finished job's
   // drafter export (<output_dir>/drafter) is written from that checkpoint.
   int every_steps = 500;
@@ -112,7 +112,11 @@ struct CheckpointConfig {
 
 struct MetricsConfig {
   bool enabled = true;
-  std::string listen = "127.0.0.1:0";
+  std::string listen = "127.0.0.1:0";  // the coordinator's /metrics
+  // Each worker's /metrics (port 0: each picks one; it tells the coordinator, which lists it in
+  // <output_dir>/prometheus/targets.json). On every interface (0.0.0.0:PORT) a worker is listed
+  // under the address it reaches the coordinator from. Empty: workers serve no metrics.
+  std::string worker_listen = "127.0.0.1:0";
 };
 
 // docs/SECURITY.md. Paths are read once, at start.

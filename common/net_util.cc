@@ -52,4 +52,21 @@ absl::StatusOr<std::string> LocalAddressToward(const std::string& coordinator) {
   return out;
 }
 
+std::string ScrapeAddress(const std::string& listen, int port, const std::string& wildcard_host) {
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.empty() || host == "0.0.0.0" || host == "::") {
+    host = wildcard_host;
+    if (host.empty()) {
+      char name[256] = {};
+      gethostname(name, sizeof(name) - 1);
+      host = name;
+    }
+  }
+  if (host.find(':') != std::string::npos) host = "[" + host + "]";  // IPv6
+  return absl::StrCat(host, ":", port);
+}
+
 }  // namespace flashdraft

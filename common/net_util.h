@@ -13,4 +13,9 @@ namespace flashdraft {
 // packet; it only asks the kernel for the route.
 absl::StatusOr<std::string> LocalAddressToward(const std::string& coordinator);
 
+// Where a peer (Prometheus) reaches a listener bound to `listen` (host:port) on `port`: that host,
+// or `wildcard_host` when it listens on every interface (this machine's host name when empty).
+std::string ScrapeAddress(const std::string& listen, int port,
+                          const std::string& wildcard_host = "");
+
 }  // namespace flashdraft

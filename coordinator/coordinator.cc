@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "common/chunk_wire.h"
 #include "common/file_util.h"
 #include "common/grpc_options.h"
+#include "common/net_util.h"
 #include "common/security.h"
 #include "common/shard_tree.h"
 #include "common/status_macros.h"
@@ -184,13 +186,14 @@ absl::Status Coordinator::Start() {
     FD_ASSIGN_OR_RETURN(const int metrics_port, metrics_->Serve(job_.metrics.listen));
     FD_RETURN_IF_ERROR(
         WriteFileAtomically(job_.output_dir + "/metrics.port", absl::StrCat(metrics_port, "\n")));
-    // Prometheus's file_sd view of the job (the coordinator; workers join it as they serve theirs).
+    // Prometheus's file_sd view of the job; workers are added as they tell where they serve.
     std::error_code ec;
     std::filesystem::create_directories(job_.output_dir + "/prometheus", ec);
-    FD_RETURN_IF_ERROR(WriteFileAtomically(
-        job_.output_dir + "/prometheus/targets.json",
-        ScrapeTargetsJson(
-            job_.name, {{ScrapeAddress(job_.metrics.listen, metrics_port), "coordinator", ""}})));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      metrics_address_ = ScrapeAddress(job_.metrics.listen, metrics_port);
+      UpdateScrapeTargetsLocked();
+    }
     LOG(INFO) << "metrics on port " << metrics_port << " (/metrics"
               << (IsLoopbackListen(job_.metrics.listen)
                       ? ", this host only)"
@@ -366,6 +369,25 @@ void Coordinator::UpdateWorkerMetricsLocked() {
       membership_->Count(MemberState::kReady) + membership_->Count(MemberState::kJoined), epoch_);
 }
 
+void Coordinator::UpdateScrapeTargetsLocked() {
+  if (metrics_address_.empty()) return;
+  std::vector<ScrapeTarget> targets = {{metrics_address_, "coordinator", ""}};
+  std::vector<MemberInfo> members = membership_->Members();
+  std::sort(members.begin(), members.end(),
+            [](const MemberInfo& a, const MemberInfo& b) { return a.worker_id < b.worker_id; });
+  for (const MemberInfo& m : members) {
+    if (!m.metrics_address.empty()) targets.push_back({m.metrics_address, "worker", m.worker_id});
+  }
+  std::string json = ScrapeTargetsJson(job_.name, targets);
+  if (json == scrape_targets_) return;
+  const std::string path = job_.output_dir + "/prometheus/targets.json";
+  if (absl::Status s = WriteFileAtomically(path, json); !s.ok()) {
+    LOG(WARNING) << "cannot update " << path << ": " << s.message();
+    return;
+  }
+  scrape_targets_ = std::move(json);
+}
+
 void Coordinator::DropSessionLocked(const std::string& token, const std::string& why) {
   const MemberInfo* found = membership_->Find(token);
   const std::optional<MemberInfo> member = found ? std::optional<MemberInfo>(*found) : std::nullopt;
@@ -386,6 +408,7 @@ void Coordinator::DropSessionLocked(const std::string& token, const std::string&
   EndStreamLocked(
       token, grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("removed from the job: ", why)));
   UpdateWorkerMetricsLocked();
+  UpdateScrapeTargetsLocked();
   cv_.notify_all();
 }
 
@@ -444,6 +467,10 @@ void Coordinator::OnHeartbeat(const std::string& token, const v1::Heartbeat& hea
   membership_->Progress(token, heartbeat.progress(),
                         heartbeat.phase().empty() ? "idle" : heartbeat.phase(), heartbeat.step(),
                         heartbeat.busy());
+  if (!heartbeat.metrics_address().empty() &&
+      membership_->SetMetricsAddress(token, heartbeat.metrics_address())) {
+    UpdateScrapeTargetsLocked();
+  }
 }
 
 void Coordinator::OnLeave(const std::string& token, const std::string& reason) {
@@ -663,6 +690,7 @@ void Coordinator::FillStatus(v1::StatusReply* reply) const {
     w->set_phase(m.phase);
     w->set_step(m.step);
     w->set_leaving(!m.leave_reason.empty());
+    w->set_metrics_address(m.metrics_address);
     if (m.rank >= 0 && static_cast<size_t>(m.rank) < last_record_.rank_compute_seconds.size()) {
       w->set_step_seconds(last_record_.rank_compute_seconds[m.rank]);
     }

@@ -149,6 +149,9 @@ class Coordinator {
   // step boundary, only those not training otherwise.
   void ReleaseLeavingLocked(bool at_step_boundary) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateWorkerMetricsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rewrites <output_dir>/prometheus/targets.json when the set of scrape targets changed: the
+  // coordinator and every current member that serves /metrics.
+  void UpdateScrapeTargetsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for `uploader` (the epoch's rank 0 when the commit asked) to upload the state after
   // `completed_steps` and writes the checkpoint, on a thread of its own while training goes on;
   // the checkpoint is skipped when the uploader leaves first. FinishCheckpoint waits for it.
@@ -217,7 +220,10 @@ class Coordinator {
   uint64_t last_checkpoint_step_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_checkpoint_dir_ ABSL_GUARDED_BY(mu_);  // verified: written or resumed from
   double last_checkpoint_at_ ABSL_GUARDED_BY(mu_) = -1;   // clock_ time; -1: the one resumed from
-  std::string state_ ABSL_GUARDED_BY(mu_) = "waiting";    // waiting, training, paused, done, failed
+  // The coordinator's own /metrics (set by Start); empty: none.
+  std::string metrics_address_ ABSL_GUARDED_BY(mu_);
+  std::string scrape_targets_ ABSL_GUARDED_BY(mu_);     // what targets.json holds
+  std::string state_ ABSL_GUARDED_BY(mu_) = "waiting";  // waiting, training, paused, done, failed
 };
 
 }  // namespace flashdraft

@@ -1,6 +1,4 @@
 // flashdraft-coordinator --job JOB.yaml [--set section.field=value ...] [--port-file FILE]
-#include <dlfcn.h>
-#include <pthread.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -15,16 +13,6 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/initial_weights.h"
 #include "coordinator/sources/target_source.h"
-
-// Debian's civetweb (prometheus-cpp's Exposer serves /metrics with it) asks for 100 KiB thread
-// stacks, less than the static TLS of the libraries this binary links (LibTorch, OpenBLAS,
-// glog...), so its pthread_create failed with EINVAL (TOOLCHAIN.md). Every stack size asked for in
-// this process gets a 1 MiB floor; it must live in the executable to take precedence over libc's.
-extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
-  using Fn = int (*)(pthread_attr_t*, size_t);
-  static const Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
-  return real(attr, size < (size_t{1} << 20) ? (size_t{1} << 20) : size);
-}
 
 namespace {
 

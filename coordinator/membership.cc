@@ -76,6 +76,13 @@ bool Membership::Remove(const std::string& token) {
   return was_active;
 }
 
+bool Membership::SetMetricsAddress(const std::string& token, const std::string& address) {
+  auto it = members_.find(token);
+  if (it == members_.end() || it->second.metrics_address == address) return false;
+  it->second.metrics_address = address;
+  return true;
+}
+
 void Membership::Progress(const std::string& token, uint64_t progress, const std::string& phase,
                           uint64_t step, bool busy) {
   auto it = members_.find(token);

@@ -48,8 +48,9 @@ struct MemberInfo {
   std::string phase = "idle";
   uint64_t step = 0;
   bool busy = false;
-  double progress_at = 0;    // when `progress` last changed
-  std::string leave_reason;  // non-empty: leaves at the next step boundary (drain, SIGTERM)
+  double progress_at = 0;       // when `progress` last changed
+  std::string leave_reason;     // non-empty: leaves at the next step boundary (drain, SIGTERM)
+  std::string metrics_address;  // its /metrics (host:port), as it told; empty: none
 };
 
 // A member the coordinator must drop, and why.
@@ -81,6 +82,8 @@ class Membership {
   // A heartbeat: the worker is alive, and its training thread is at `progress` in `phase`.
   void Progress(const std::string& token, uint64_t progress, const std::string& phase,
                 uint64_t step, bool busy);
+  // Where the worker serves /metrics. True when that changed.
+  bool SetMetricsAddress(const std::string& token, const std::string& address);
   // The worker asked (or was asked) to leave: it goes at the next step boundary (see Leaving()),
   // at once when it is not active. NOT_FOUND for an unknown token.
   absl::Status RequestLeave(const std::string& token, const std::string& reason);

@@ -1,20 +1,13 @@
-// The coordinator's Prometheus metrics (DESIGN.md §7): prefix flashdraft_, base units, counters end
-// in _total, no unbounded labels. Served over HTTP by prometheus-cpp's Exposer at
+// The coordinator's Prometheus metrics (DESIGN.md §7; docs/OBSERVABILITY.md lists them). Served at
 // job.metrics.listen (/metrics); the bound port is written to <output_dir>/metrics.port.
 #pragma once
-
-#include <prometheus/counter.h>
-#include <prometheus/exposer.h>
-#include <prometheus/family.h>
-#include <prometheus/gauge.h>
-#include <prometheus/histogram.h>
-#include <prometheus/registry.h>
 
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/metrics_exporter.h"
 
 namespace flashdraft {
 
@@ -27,7 +20,9 @@ class CoordinatorMetrics {
                      const std::string& security = "");
 
   // Serves /metrics on `listen` ("host:port", port 0 picks one); returns the bound port.
-  absl::StatusOr<int> Serve(const std::string& listen);
+  absl::StatusOr<int> Serve(const std::string& listen) {
+    return exporter_.Serve(listen, "metrics.listen");
+  }
 
   void RecordStep(const StepRecord& record);  // a committed step
   // Members training in the current epoch, workers waiting for the next one, the epoch.
@@ -43,11 +38,10 @@ class CoordinatorMetrics {
   void RecordCheckpoint(double seconds, double unix_time);
 
   // The exposition text of everything, as a scrape returns it (tests, `flashdraft status`).
-  std::string Text() const;
+  std::string Text() const { return exporter_.Text(); }
 
  private:
-  std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  MetricsExporter exporter_;
   prometheus::Gauge* step_;
   prometheus::Gauge* loss_;
   prometheus::Gauge* tau_;

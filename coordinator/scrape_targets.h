@@ -19,8 +19,4 @@ struct ScrapeTarget {
 std::string ScrapeTargetsJson(const std::string& job_name,
                               const std::vector<ScrapeTarget>& targets);
 
-// Where Prometheus reaches a listener bound to `listen` (host:port) on `port`: that host, or this
-// machine's host name when it listens on every interface.
-std::string ScrapeAddress(const std::string& listen, int port);
-
 }  // namespace flashdraft

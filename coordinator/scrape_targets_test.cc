@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/net_util.h"
+
 namespace flashdraft {
 namespace {
 
@@ -28,6 +30,9 @@ TEST(ScrapeTargetsTest, EveryInterfaceMeansThisHostsName) {
   gethostname(host, sizeof(host) - 1);
   EXPECT_EQ(ScrapeAddress("0.0.0.0:9400", 9400), std::string(host) + ":9400");
   EXPECT_EQ(ScrapeAddress("[::]:0", 7), std::string(host) + ":7");
+  // A worker names the address it reaches the coordinator from.
+  EXPECT_EQ(ScrapeAddress("0.0.0.0:0", 9401, "10.0.0.7"), "10.0.0.7:9401");
+  EXPECT_EQ(ScrapeAddress(":0", 9401, "fd00::7"), "[fd00::7]:9401");
 }
 
 }  // namespace

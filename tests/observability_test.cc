@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -71,7 +73,25 @@ TEST(PrometheusTest, AlertRulesPassPromtoolAndTheirUnitTests) {
   EXPECT_THAT(test.output, HasSubstr("SUCCESS"));
 }
 
-TEST(PrometheusTest, ALiveCoordinatorScrapePassesPromtoolCheckMetrics) {
+// The value of the first sample of `name` (with its labels, if any) in exposition `text`; -1 if
+// none.
+double Sample(const std::string& text, const std::string& name) {
+  const std::string key = "\n" + name + " ";
+  const size_t at = text.find(key);
+  return at == std::string::npos ? -1 : std::strtod(text.c_str() + at + key.size(), nullptr);
+}
+
+// A scrape of /metrics on `port` once `counter` reached `at_least` (polled); "" if it never did.
+std::string ScrapeOnce(int port, const std::string& counter, double at_least) {
+  for (int i = 0; i < 600; ++i) {
+    auto scrape = HttpGet(port, "/metrics");
+    if (scrape.ok() && Sample("\n" + scrape->body, counter) >= at_least) return scrape->body;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return "";
+}
+
+TEST(PrometheusTest, LiveScrapesOfTheCoordinatorAndAWorkerPassPromtoolCheckMetrics) {
   FD_SKIP_WITHOUT_PROMTOOL();
   TempDir dir;
   const std::string job =
@@ -81,32 +101,40 @@ TEST(PrometheusTest, ALiveCoordinatorScrapePassesPromtoolCheckMetrics) {
   ASSERT_GT(coordinator.port(), 0) << *ReadFile(dir.Join("coordinator.log"));
   const int metrics_port = testing::WaitForPortFile(dir.Join("out/metrics.port"));
   ASSERT_GT(metrics_port, 0);
-  const int worker = StartProcess({kBin + "/flashdraft-worker", "--coordinator",
-                                   absl::StrCat("127.0.0.1:", coordinator.port())},
-                                  dir.Join("worker.log"));
+  const int worker = StartProcess(
+      {kBin + "/flashdraft-worker", "--coordinator", absl::StrCat("127.0.0.1:", coordinator.port()),
+       "--metrics-port-file", dir.Join("worker.port")},
+      dir.Join("worker.log"));
   // Scraped while it trains, after a few steps: every family has samples (histograms included).
-  std::string text;
-  for (int i = 0; i < 600 && text.empty(); ++i) {
-    auto scrape = HttpGet(metrics_port, "/metrics");
-    const std::string key = "\nflashdraft_steps_total ";
-    const size_t at = scrape.ok() ? scrape->body.find(key) : std::string::npos;
-    if (at != std::string::npos &&
-        std::strtod(scrape->body.c_str() + at + key.size(), nullptr) >= 5) {
-      text = scrape->body;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const std::string text = ScrapeOnce(metrics_port, "flashdraft_steps_total", 5);
+  const int worker_port = testing::WaitForPortFile(dir.Join("worker.port"));
+  const std::string worker_text =
+      worker_port > 0 ? ScrapeOnce(worker_port, "flashdraft_worker_steps_total", 5) : "";
   kill(worker, SIGKILL);
   waitpid(worker, nullptr, 0);
   ASSERT_FALSE(text.empty()) << *ReadFile(dir.Join("coordinator.log"));
-  ASSERT_TRUE(WriteFileAtomically(dir.Join("scrape.txt"), text).ok());
-  auto lint = RunCommand(absl::StrCat(kPromtool, " check metrics < ", dir.Join("scrape.txt")));
-  EXPECT_EQ(lint.exit_code, 0) << lint.output;
-  EXPECT_EQ(lint.output, "");
+  ASSERT_FALSE(worker_text.empty()) << *ReadFile(dir.Join("worker.log"));
+  for (const auto& [name, body] :
+       {std::pair<std::string, std::string>{"coordinator", text}, {"worker", worker_text}}) {
+    ASSERT_TRUE(WriteFileAtomically(dir.Join(name + ".txt"), body).ok());
+    auto lint = RunCommand(absl::StrCat(kPromtool, " check metrics < ", dir.Join(name + ".txt")));
+    EXPECT_EQ(lint.exit_code, 0) << name << ": " << lint.output;
+    EXPECT_EQ(lint.output, "") << name;
+  }
+  // What a worker tells: its phases, what it received and sent, its queue, its memory.
+  EXPECT_GE(
+      Sample(worker_text, "flashdraft_worker_phase_duration_seconds_count{phase=\"forward\"}"), 5);
+  EXPECT_GT(Sample(worker_text, "flashdraft_worker_stream_bytes_total{direction=\"received\"}"), 0);
+  EXPECT_EQ(Sample(worker_text, "flashdraft_worker_rank"), 0);
+  EXPECT_EQ(Sample(worker_text, "flashdraft_worker_collective_errors_total"), 0);
+  EXPECT_GE(Sample(worker_text, "flashdraft_worker_queued_microbatches"), 0);
+  EXPECT_GT(Sample(worker_text, "process_resident_memory_bytes"), 50e6);  // LibTorch alone
+  EXPECT_GT(Sample(text, "process_resident_memory_bytes"), 0);
+  EXPECT_THAT(worker_text, HasSubstr("flashdraft_build_info{backend=\"gloo\""));
 
   // The Grafana dashboard asks only for metrics this scrape has (no list in the test to go stale).
   std::set<std::string> exported;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+  for (absl::string_view line : absl::StrSplit(text + worker_text, '\n')) {
     if (line.empty() || line[0] == '#') continue;
     exported.insert(std::string(line.substr(0, line.find_first_of("{ "))));
   }
@@ -117,6 +145,7 @@ TEST(PrometheusTest, ALiveCoordinatorScrapePassesPromtoolCheckMetrics) {
   ASSERT_FALSE(dashboard["panels"].empty());
   for (const nlohmann::json& panel : dashboard["panels"]) {
     EXPECT_FALSE(panel.value("title", "").empty());
+    if (panel["type"] == "row") continue;  // a heading
     EXPECT_FALSE(panel["targets"].empty()) << panel.value("title", "");
     for (const nlohmann::json& target : panel["targets"]) queries.push_back(target["expr"]);
   }
@@ -135,7 +164,78 @@ TEST(PrometheusTest, ALiveCoordinatorScrapePassesPromtoolCheckMetrics) {
           << it->str() << " (in `" << query << "`) is not in a live scrape";
     }
   }
-  EXPECT_GT(names, 15);
+  EXPECT_GT(names, 25);
+}
+
+// The job's file_sd target file follows membership: each worker is listed (with the port it wrote
+// to its --metrics-port-file) once it serves /metrics, a killed worker disappears, the same worker
+// started again comes back with its new port; `flashdraft status --json` names the same endpoints.
+TEST(PrometheusTest, TheTargetFileFollowsWorkersThatJoinAreLostAndComeBack) {
+  TempDir dir;
+  const std::string job = WriteJob(dir, "follow", 100000,
+                                   "cluster: {min_workers: 1, max_workers: 2}\n"
+                                   "metrics: {enabled: true, worker_listen: '127.0.0.1:0'}\n");
+  ASSERT_FALSE(job.empty());
+  CoordinatorProcess coordinator(kBin, job, dir.Join("coordinator.log"));
+  ASSERT_GT(coordinator.port(), 0) << *ReadFile(dir.Join("coordinator.log"));
+  const std::string address = absl::StrCat("127.0.0.1:", coordinator.port());
+  int started = 0;
+  auto start = [&](const std::string& id) {
+    std::filesystem::remove(dir.Join(id + ".port"));
+    return StartProcess({kBin + "/flashdraft-worker", "--coordinator", address, "--id", id,
+                         "--metrics-port-file", dir.Join(id + ".port")},
+                        dir.Join(absl::StrCat(id, "-", ++started, ".log")));
+  };
+  // worker id -> scrape address, as the target file lists them; polled until `want` holds.
+  using Targets = std::map<std::string, std::string>;
+  auto targets = [&] {
+    Targets out;
+    auto text = ReadFile(dir.Join("out/prometheus/targets.json"));
+    const nlohmann::json groups = nlohmann::json::parse(text.ok() ? *text : "", nullptr, false);
+    if (!groups.is_array()) return out;
+    for (const nlohmann::json& g : groups) {
+      EXPECT_EQ(g["labels"]["flashdraft_job"], "follow");
+      out[g["labels"].value("worker", "(" + g["labels"]["role"].get<std::string>() + ")")] =
+          g["targets"][0];
+    }
+    return out;
+  };
+  auto wait_for = [&](const std::function<bool(const Targets&)>& want) {
+    for (int i = 0; i < 600; ++i) {
+      if (want(targets())) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  };
+  const int w0 = start("w0");
+  int w1 = start("w1");
+  ASSERT_TRUE(wait_for([](const Targets& t) { return t.size() == 3; }))
+      << *ReadFile(dir.Join("coordinator.log"));
+  Targets listed = targets();
+  ASSERT_TRUE(listed.count("(coordinator)"));
+  const int w1_port = testing::WaitForPortFile(dir.Join("w1.port"));
+  EXPECT_EQ(listed["w0"],
+            absl::StrCat("127.0.0.1:", testing::WaitForPortFile(dir.Join("w0.port"))));
+  EXPECT_EQ(listed["w1"], absl::StrCat("127.0.0.1:", w1_port));
+  auto status = RunCommand(absl::StrCat(kBin, "/flashdraft status ", address, " --json"));
+  const nlohmann::json reply = nlohmann::json::parse(status.output, nullptr, false);
+  ASSERT_TRUE(reply.is_object()) << status.output;
+  for (const nlohmann::json& w : reply["workers"]) {
+    EXPECT_EQ(w["metrics_address"], listed[w["worker_id"].get<std::string>()]);
+  }
+
+  kill(w1, SIGKILL);  // lost: its stream breaks, it leaves the file
+  waitpid(w1, nullptr, 0);
+  EXPECT_TRUE(wait_for([](const Targets& t) { return t.size() == 2 && !t.count("w1"); }));
+  w1 = start("w1");  // back, on a new port
+  ASSERT_TRUE(wait_for([](const Targets& t) { return t.count("w1") > 0; }));
+  const int new_port = testing::WaitForPortFile(dir.Join("w1.port"));
+  EXPECT_EQ(targets()["w1"], absl::StrCat("127.0.0.1:", new_port));
+  EXPECT_NE(new_port, w1_port);
+  // The worker answers where the file says.
+  EXPECT_FALSE(ScrapeOnce(new_port, "flashdraft_worker_joins_total", 1).empty());
+  for (int pid : {w0, w1}) kill(pid, SIGKILL);
+  for (int pid : {w0, w1}) waitpid(pid, nullptr, 0);
 }
 
 // `flashdraft status`: a table at a glance (progress, ETA, loss, τ, tokens/s, the last checkpoint
@@ -227,31 +327,39 @@ TEST(PrometheusTest, ARealPrometheusScrapesTheJobFromItsTargetFile) {
        absl::StrCat("--web.listen-address=127.0.0.1:", port)},
       dir.Join("prometheus.log"));
   const int worker = StartProcess({kBin + "/flashdraft-worker", "--coordinator",
-                                   absl::StrCat("127.0.0.1:", coordinator.port())},
+                                   absl::StrCat("127.0.0.1:", coordinator.port()), "--id", "w0"},
                                   dir.Join("worker.log"));
-  // flashdraft_step as Prometheus stored it, with the target file's labels; -1 until it has one.
-  auto stored_step = [&]() -> double {
-    auto r = HttpGet(port, "/api/v1/query?query=flashdraft_step");
+  // `metric` as Prometheus stored it, with the target file's labels; -1 until it has one.
+  auto stored = [&](const std::string& metric, const std::string& role) -> double {
+    auto r = HttpGet(port, "/api/v1/query?query=" + metric);
     if (!r.ok()) return -1;
     const nlohmann::json reply = nlohmann::json::parse(r->body, nullptr, false);
     if (!reply.is_object() || !reply.contains("data") || reply["data"]["result"].empty()) return -1;
     const nlohmann::json& series = reply["data"]["result"][0];
     EXPECT_EQ(series["metric"]["flashdraft_job"], "prom");
-    EXPECT_EQ(series["metric"]["role"], "coordinator");
+    EXPECT_EQ(series["metric"]["role"], role);
+    if (role == "worker") {
+      EXPECT_EQ(series["metric"]["worker"], "w0");
+    }
     return std::stod(series["value"][1].get<std::string>());
   };
-  // The first samples take ~6 s even at a 1 s interval: poll, then see the step advance.
-  double first = -1, later = -1;
-  for (int i = 0; i < 600 && first <= 0; ++i) {
-    first = stored_step();
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // The first samples take ~6 s even at a 1 s interval: poll, then see them advance. The worker
+  // is found through the target file, which the coordinator rewrote when it joined.
+  for (const auto& [metric, role] :
+       {std::pair<std::string, std::string>{"flashdraft_step", "coordinator"},
+        {"flashdraft_worker_steps_total", "worker"}}) {
+    double first = -1, later = -1;
+    for (int i = 0; i < 600 && first <= 0; ++i) {
+      first = stored(metric, role);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    for (int i = 0; i < 600 && later <= first; ++i) {
+      later = stored(metric, role);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_GT(first, 0) << metric << "\n" << *ReadFile(dir.Join("prometheus.log"));
+    EXPECT_GT(later, first) << metric;
   }
-  for (int i = 0; i < 600 && later <= first; ++i) {
-    later = stored_step();
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_GT(first, 0) << *ReadFile(dir.Join("prometheus.log"));
-  EXPECT_GT(later, first);
   auto rules = HttpGet(port, "/api/v1/rules");
   ASSERT_TRUE(rules.ok()) << rules.status();
   EXPECT_THAT(rules->body, HasSubstr("FlashdraftNoStepCommitted"));

@@ -1,5 +1,6 @@
 // flashdraft-worker --coordinator HOST:PORT [--id NAME] [--tls-ca CA --tls-cert C --tls-key K]
-//                   [--token-file F | --job JOB.yaml]
+//                   [--token-file F | --job JOB.yaml] [--metrics-listen HOST:PORT]
+//                   [--metrics-port-file FILE]
 // (intra-op threads come from the job: train.intra_op_threads, one value for every worker)
 #include <CLI/CLI.hpp>
 #include <csignal>
@@ -26,6 +27,11 @@ int main(int argc, char** argv) {
   app.add_option("--fetch-timeout", options.fetch_timeout_seconds,
                  "seconds the model's tensors may take to arrive")
       ->capture_default_str();
+  app.add_option("--metrics-listen", options.metrics_listen,
+                 "serve /metrics here (host:port, port 0 picks one; 'off': none); default: the "
+                 "job's metrics.worker_listen");
+  app.add_option("--metrics-port-file", options.metrics_port_file,
+                 "write the bound metrics port here once serving");
   std::string job_path;
   flashdraft::AddClientSecurityFlags(app, options.security, job_path);
   CLI11_PARSE(app, argc, argv);

@@ -17,6 +17,11 @@ void SessionInbox::Fail(std::string why) {
   queue_.Push(std::move(item));
 }
 
+void SessionInbox::PushBatch() {
+  ++queued_batches_;
+  queue_.Push(std::move(pending_));
+}
+
 template <typename AddTo>
 bool SessionInbox::AddChunk(const AddTo& add_to) {
   if (remaining_ == 0) {
@@ -31,7 +36,7 @@ bool SessionInbox::AddChunk(const AddTo& add_to) {
   if (assembler_.complete()) {
     pending_.tensors[assembler_.spec().name] = sink_.tensor;
     assembler_.Reset();
-    if (--remaining_ == 0) queue_.Push(std::move(pending_));
+    if (--remaining_ == 0) PushBatch();
   }
   return true;
 }
@@ -57,7 +62,7 @@ bool SessionInbox::Take(const grpc::ByteBuffer& buffer) {
       pending_.header = msg.microbatch();
       pending_.step = msg.microbatch().step();
       remaining_ = msg.microbatch().num_tensors();
-      if (remaining_ == 0) queue_.Push(std::move(pending_));
+      if (remaining_ == 0) PushBatch();
       return true;
     case v1::CoordinatorMessage::kTensorChunk:  // another protobuf encoder's field order
       return AddChunk([&](TensorAssembler& a) { return a.Add(msg.tensor_chunk()); });
@@ -93,6 +98,7 @@ bool SessionInbox::Take(const grpc::ByteBuffer& buffer) {
 void SessionInbox::ReadAll(CoordinatorLink& link) {
   grpc::ByteBuffer buffer;
   while (link.Read(&buffer)) {
+    bytes_received_ += buffer.Length();
     if (!Take(buffer)) return;
   }
   Fail("the coordinator closed the Train stream");

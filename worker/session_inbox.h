@@ -45,7 +45,15 @@ class SessionInbox {
   void ReadAll(CoordinatorLink& link);
 
   // The next item; blocks. After the last one (a kShutdown or kError) it blocks for good.
-  InboxItem Pop() { return *queue_.Pop(); }
+  InboxItem Pop() {
+    InboxItem item = *queue_.Pop();
+    if (item.kind == InboxItem::kBatch) --queued_batches_;
+    return item;
+  }
+
+  // Bytes read from the stream so far; microbatches assembled and not popped yet (metrics).
+  uint64_t bytes_received() const { return bytes_received_; }
+  int64_t queued_batches() const { return queued_batches_; }
 
   // The newest membership epoch announced so far (read while a collective blocks: an older
   // epoch's collective is abandoned at once).
@@ -60,10 +68,13 @@ class SessionInbox {
   template <typename AddTo>
   bool AddChunk(const AddTo& add_to);
   void Fail(std::string why);
+  void PushBatch();  // pending_, complete
 
   BlockingQueue<InboxItem> queue_;
   std::atomic<uint64_t> newest_epoch_{0};
   std::atomic<bool> stream_lost_{false};
+  std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<int64_t> queued_batches_{0};
   // The reader thread's own (reused from message to message).
   ReceivedChunk chunk_;
   v1::CoordinatorMessage message_;

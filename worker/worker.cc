@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/file_util.h"
 #include "common/job_config.h"
 #include "common/net_util.h"
 #include "common/security.h"
@@ -22,6 +23,7 @@
 #include "worker/fault.h"
 #include "worker/grpc_store.h"
 #include "worker/training_state.h"
+#include "worker/worker_metrics.h"
 #include "worker/worker_session.h"
 
 namespace flashdraft {
@@ -40,9 +42,36 @@ void SleepUnlessLeaving(double seconds) {
   }
 }
 
+// The process's /metrics: started at the first Join (the job says where), kept across sessions.
+struct MetricsEndpoint {
+  std::unique_ptr<WorkerMetrics> metrics;
+  std::string address;  // where Prometheus reaches it
+  bool decided = false;
+};
+
+absl::Status StartMetrics(const WorkerOptions& o, const JobConfig& job, MetricsEndpoint& m) {
+  if (m.decided) return absl::OkStatus();
+  m.decided = true;
+  const bool from_flag = !o.metrics_listen.empty();
+  const std::string listen = from_flag ? o.metrics_listen : job.metrics.worker_listen;
+  const std::string field = from_flag ? "--metrics-listen" : "metrics.worker_listen";
+  if (!job.metrics.enabled || listen.empty() || listen == "off") return absl::OkStatus();
+  auto metrics = std::make_unique<WorkerMetrics>("cpu", "gloo");
+  absl::StatusOr<int> port = metrics->Serve(listen, field);
+  if (!port.ok()) return absl::FailedPreconditionError(port.status().message());
+  absl::StatusOr<std::string> toward = LocalAddressToward(o.coordinator);
+  m.address = ScrapeAddress(listen, *port, toward.ok() ? *toward : "");
+  if (!o.metrics_port_file.empty()) {
+    FD_RETURN_IF_ERROR(WriteFileAtomically(o.metrics_port_file, absl::StrCat(*port, "\n")));
+  }
+  LOG(INFO) << "metrics on " << m.address << " (/metrics)";
+  m.metrics = std::move(metrics);
+  return absl::OkStatus();
+}
+
 // One session with one coordinator process: join, fetch, train until the job ends. UNAVAILABLE
 // when the coordinator could not be reached or went away (RunWorker joins again).
-absl::Status RunSession(const WorkerOptions& o) {
+absl::Status RunSession(const WorkerOptions& o, MetricsEndpoint& endpoint) {
   FD_ASSIGN_OR_RETURN(const FaultPlan fault, ParseFault(std::getenv("FLASHDRAFT_FAULT")));
   FD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
                       CreateSecureChannel(o.coordinator, o.security));
@@ -90,6 +119,8 @@ absl::Status RunSession(const WorkerOptions& o) {
   FD_ASSIGN_OR_RETURN(
       DrafterModelConfig config,
       ParseDrafterConfig(reply.drafter_config_json(), "the coordinator's drafter config"));
+  FD_RETURN_IF_ERROR(StartMetrics(o, job, endpoint));
+  if (endpoint.metrics) endpoint.metrics->Joined();
   // One thread count for the whole job (train.intra_op_threads): some reductions split by it.
   torch::set_num_threads(job.train.intra_op_threads);
   LOG(INFO) << "joined as '" << join.worker_id() << "' with " << job.train.intra_op_threads
@@ -100,6 +131,7 @@ absl::Status RunSession(const WorkerOptions& o) {
   setup.session_token = reply.session_token();
   setup.drafter_config = config;
   setup.fault = fault;
+  setup.metrics_address = endpoint.address;
   // The frozen target tensors and the starting weights, both from the coordinator.
   FD_ASSIGN_OR_RETURN(setup.fetched,
                       FetchTensors(channel, setup.session_token, o.fetch_timeout_seconds));
@@ -116,6 +148,7 @@ absl::Status RunSession(const WorkerOptions& o) {
   setup.job = std::move(job);
   SessionHooks hooks;
   hooks.leave_requested = &g_leave_requested;
+  hooks.metrics = endpoint.metrics.get();
   FD_ASSIGN_OR_RETURN(auto session, WorkerSession::Create(std::move(setup), hooks));
   GrpcCoordinatorLink link(channel);
   return session->Run(link);
@@ -131,9 +164,10 @@ absl::Status RunWorker(const WorkerOptions& o) {
   // session; the new session starts from what the coordinator serves (its checkpoint).
   double backoff = 0.5;
   double lost_at = Now();
+  MetricsEndpoint metrics;
   while (true) {
     const double started = Now();
-    absl::Status s = RunSession(o);
+    absl::Status s = RunSession(o, metrics);
     if (g_leave_requested && (s.ok() || absl::IsUnavailable(s))) {
       LOG(INFO) << "left the job (SIGTERM)";
       return absl::OkStatus();

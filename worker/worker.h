@@ -21,6 +21,11 @@ struct WorkerOptions {
   double fetch_timeout_seconds = 600;
   // TLS and the job secret (empty: plaintext, no token; for a coordinator on this host).
   ClientSecurity security;
+  // Where this worker serves /metrics (host:port, port 0 picks one); empty: the job's
+  // metrics.worker_listen. "off": none.
+  std::string metrics_listen;
+  // Where the bound metrics port is written once serving (launch: <out>/metrics/worker-<i>.port).
+  std::string metrics_port_file;
 };
 
 // Trains until the job ends (OK), this worker is told to leave or asked to (OK), or a fatal error.

@@ -136,6 +136,7 @@ void WorkerSession::ReportCollectiveFailure(uint64_t step, const absl::Status& w
   f->set_error(std::string(why.message()));
   Write(m);
   broken_ = true;
+  if (hooks_.metrics) hooks_.metrics->CollectiveError();
 }
 
 absl::Status WorkerSession::JoinGroup(const v1::Reform& r) {
@@ -153,6 +154,7 @@ absl::Status WorkerSession::JoinGroup(const v1::Reform& r) {
   reducer_ = std::make_unique<GradientReducer>(params_, collective_.get(), reduction_);
   FD_RETURN_IF_ERROR(
       SyncTrainingState(*drafter_, trainer_.optimizer(), *collective_, r.sync_state(), superseded));
+  if (hooks_.metrics) hooks_.metrics->SetMembership(rank_, epoch_);
   LOG(INFO) << absl::StrFormat(
       "membership epoch %d: rank %d of %d from step %d%s (group formed in %.2f s)", epoch_, rank_,
       world_, r.next_step(), r.sync_state() ? ", state synchronized from rank 0" : "",
@@ -259,6 +261,13 @@ void WorkerSession::TrainStep(InboxItem item, double wait) {
   timings->set_allreduce_seconds(clock_.Now() - t);
   timings->set_optimizer_seconds(last_optimizer_seconds_);  // the previous step's
   ack.set_collective_bytes(reducer_->bytes_sent());
+  if (hooks_.metrics) {
+    hooks_.metrics->RecordStep(
+        step,
+        {timings->wait_seconds(), timings->forward_seconds(), timings->backward_seconds(),
+         timings->allreduce_seconds(), timings->optimizer_seconds()},
+        ack.collective_bytes());
+  }
   v1::WorkerMessage m;
   *m.mutable_ack() = std::move(ack);
   if (!Write(m)) {
@@ -344,9 +353,16 @@ void WorkerSession::Heartbeats() {
   SessionMonitor monitor(
       clock_, options, progress_, [this](v1::WorkerMessage& m) { return Write(m); },
       hooks_.on_stuck);
+  uint64_t bytes_reported = 0;
   do {
     monitor.Tick(hooks_.leave_requested != nullptr && hooks_.leave_requested->load(),
                  inbox_.stream_lost());
+    if (hooks_.metrics) {
+      const uint64_t bytes = inbox_.bytes_received();
+      hooks_.metrics->AddReceivedBytes(bytes - bytes_reported);
+      bytes_reported = bytes;
+      hooks_.metrics->SetQueuedMicrobatches(inbox_.queued_batches());
+    }
   } while (!stop_heartbeats_.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
 }
 
@@ -355,6 +371,7 @@ absl::Status WorkerSession::Run(CoordinatorLink& link) {
   {
     v1::WorkerMessage hello;  // binds the stream to this session
     hello.mutable_heartbeat()->set_unix_millis(0);
+    hello.mutable_heartbeat()->set_metrics_address(setup_.metrics_address);
     if (!Write(hello)) {
       link.Cancel();
       link.Finish();

@@ -36,6 +36,7 @@
 #include "worker/gradient_reducer.h"
 #include "worker/session_inbox.h"
 #include "worker/session_monitor.h"
+#include "worker/worker_metrics.h"
 
 namespace flashdraft {
 
@@ -52,6 +53,9 @@ struct SessionSetup {
   // The collective's timeout is cluster.collective_timeout_seconds; the interface or address here.
   GlooOptions gloo;
   FaultPlan fault;
+  // Where Prometheus scrapes this worker (host:port; empty: it serves no metrics): told to the
+  // coordinator when the Train stream opens, for <output_dir>/prometheus/targets.json.
+  std::string metrics_address;
 };
 
 struct SessionHooks {
@@ -61,6 +65,8 @@ struct SessionHooks {
   // The training thread is stuck and the coordinator is gone. Default: log and _exit(3), so that a
   // supervisor starts the worker again.
   std::function<void()> on_stuck;
+  // The process's metrics (null: none); the session records into them.
+  WorkerMetrics* metrics = nullptr;
 };
 
 // The optimizer settings of the job's train section.

@@ -175,8 +175,10 @@ class WorkerSessionTest : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<WorkerSession> NewSession(SessionHooks hooks = {}) {
+  std::unique_ptr<WorkerSession> NewSession(SessionHooks hooks = {},
+                                            const std::string& metrics_address = "") {
     SessionSetup setup;
+    setup.metrics_address = metrics_address;
     setup.worker_id = "w0";
     setup.session_token = "token";
     setup.job = job_;
@@ -306,6 +308,41 @@ TEST_F(WorkerSessionTest, TrainsAStepAppliesItAtTheCommitUploadsTheCheckpointAnd
     EXPECT_FALSE(torch::equal(p.value(), fetched_.at(std::string(kDrafterWeightPrefix) + p.key())))
         << p.key() << " did not change";
   }
+}
+
+// The metrics a worker serves, recorded by the session: its place, each acked step's phases,
+// what it received; the first message on the stream tells the coordinator where they are.
+TEST_F(WorkerSessionTest, RecordsItsStepsIntoTheWorkersMetricsAndSaysWhereTheyAre) {
+  WorkerMetrics metrics("cpu", "gloo");
+  SessionHooks hooks;
+  hooks.metrics = &metrics;
+  auto session = NewSession(std::move(hooks), "10.0.0.7:9401");
+  ASSERT_NE(session, nullptr);
+  const double weight_sum = WeightSum();
+  Start(*session);
+  link_.Send(ReformMessage(3, 0));
+  SendStep(0, 3, weight_sum);
+  ASSERT_TRUE(link_.WaitFor([](const v1::WorkerMessage& m) { return IsAck(m, 0, 3); }));
+  link_.Send(CommitMessage(0, 3, /*checkpoint=*/false));
+  SendStep(1, 3, weight_sum);
+  ASSERT_TRUE(link_.WaitFor([](const v1::WorkerMessage& m) { return IsAck(m, 1, 3); }));
+  link_.Send(ShutdownMessage(/*finished=*/true));
+  ASSERT_TRUE(Join().ok()) << result_;
+
+  const std::vector<v1::WorkerMessage> written = link_.Written();
+  ASSERT_FALSE(written.empty());
+  ASSERT_TRUE(written.front().has_heartbeat());
+  EXPECT_EQ(written.front().heartbeat().metrics_address(), "10.0.0.7:9401");
+  const std::string text = metrics.Text();
+  EXPECT_THAT(text, HasSubstr("\nflashdraft_worker_steps_total 2\n"));
+  EXPECT_THAT(text, HasSubstr("\nflashdraft_worker_step 1\n"));
+  EXPECT_THAT(text, HasSubstr("\nflashdraft_worker_rank 0\n"));
+  EXPECT_THAT(text, HasSubstr("\nflashdraft_worker_membership_epoch 3\n"));
+  EXPECT_THAT(text,
+              HasSubstr("\nflashdraft_worker_phase_duration_seconds_count{phase=\"forward\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("\nflashdraft_worker_collective_errors_total 0\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_build_info{backend=\"gloo\""));
+  EXPECT_THAT(text, HasSubstr("\nprocess_resident_memory_bytes "));
 }
 
 TEST_F(WorkerSessionTest, AReformBeforeTheCommitDropsTheStepAndStaleEpochsAreIgnored) {

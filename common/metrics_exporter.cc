@@ -1,0 +1,143 @@
+#include "common/metrics_exporter.h"
+
+#include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace flashdraft {
+namespace {
+
+// The standard process metrics (the names every Prometheus client library uses), read from
+// /proc/self when scraped: resident and virtual memory, CPU time, start time, open descriptors,
+// threads.
+class ProcessCollector : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> out;
+    std::ifstream stat_file("/proc/self/stat");
+    std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) return out;
+    const std::vector<std::string> f =
+        absl::StrSplit(stat.substr(close + 2), ' ', absl::SkipEmpty());
+    // f[0] is field 3 (state): utime 14, stime 15, num_threads 20, starttime 22, vsize 23, rss 24.
+    auto field = [&f](int number) -> double {
+      const size_t i = static_cast<size_t>(number - 3);
+      return i < f.size() ? std::strtod(f[i].c_str(), nullptr) : 0;
+    };
+    const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+    const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+    Add(out, "process_cpu_seconds_total", "User and system CPU time spent in seconds",
+        prometheus::MetricType::Counter, (field(14) + field(15)) / ticks);
+    Add(out, "process_resident_memory_bytes", "Resident memory size in bytes",
+        prometheus::MetricType::Gauge, field(24) * page);
+    Add(out, "process_virtual_memory_bytes", "Virtual memory size in bytes",
+        prometheus::MetricType::Gauge, field(23));
+    Add(out, "process_threads", "Threads of the process", prometheus::MetricType::Gauge, field(20));
+    if (const double boot = BootTime(); boot > 0) {
+      Add(out, "process_start_time_seconds", "Start time of the process since the Unix epoch",
+          prometheus::MetricType::Gauge, boot + field(22) / ticks);
+    }
+    std::error_code ec;
+    double fds = 0;
+    for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+         !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+      ++fds;
+    }
+    Add(out, "process_open_fds", "Open file descriptors", prometheus::MetricType::Gauge, fds);
+    return out;
+  }
+
+ private:
+  static void Add(std::vector<prometheus::MetricFamily>& out, const std::string& name,
+                  const std::string& help, prometheus::MetricType type, double value) {
+    prometheus::ClientMetric metric;
+    if (type == prometheus::MetricType::Counter) {
+      metric.counter.value = value;
+    } else {
+      metric.gauge.value = value;
+    }
+    out.push_back({name, help, type, {metric}});
+  }
+
+  static double BootTime() {
+    std::ifstream in("/proc/stat");
+    std::string key;
+    double value = 0;
+    while (in >> key) {
+      if (key == "btime") {
+        in >> value;
+        return value;
+      }
+      in.ignore(1 << 20, '\n');
+    }
+    return 0;
+  }
+};
+
+}  // namespace
+
+MetricsExporter::MetricsExporter(const prometheus::Labels& build_labels)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      process_(std::make_shared<ProcessCollector>()) {
+  prometheus::Labels labels = build_labels;
+  labels["version"] = FLASHDRAFT_VERSION;
+  labels["commit"] = FLASHDRAFT_COMMIT;
+  Gauge("flashdraft_build_info", "Always 1; the labels say which build runs", labels).Set(1);
+}
+
+MetricsExporter::~MetricsExporter() = default;
+
+prometheus::Gauge& MetricsExporter::Gauge(const std::string& name, const std::string& help,
+                                          const prometheus::Labels& labels) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(*registry_).Add(labels);
+}
+
+prometheus::Counter& MetricsExporter::Counter(const std::string& name, const std::string& help,
+                                              const prometheus::Labels& labels) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(*registry_).Add(labels);
+}
+
+prometheus::Histogram& MetricsExporter::Seconds(const std::string& name, const std::string& help,
+                                                const prometheus::Labels& labels) {
+  return prometheus::BuildHistogram()
+      .Name(name)
+      .Help(help)
+      .Register(*registry_)
+      .Add(labels,
+           prometheus::Histogram::BucketBoundaries{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                   0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100});
+}
+
+absl::StatusOr<int> MetricsExporter::Serve(const std::string& listen, const std::string& field) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/1);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat(field, " ", listen, ": cannot serve /metrics: ", e.what()));
+  }
+  exposer_->RegisterCollectable(registry_);
+  exposer_->RegisterCollectable(process_);
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  if (ports.empty()) return absl::UnavailableError(absl::StrCat(field, " ", listen, ": no port"));
+  return ports.front();
+}
+
+std::string MetricsExporter::Text() const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  for (prometheus::MetricFamily& f : process_->Collect()) families.push_back(std::move(f));
+  return prometheus::TextSerializer().Serialize(families);
+}
+
+}  // namespace flashdraft

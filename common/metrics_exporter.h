@@ -1,0 +1,49 @@
+// What every flashdraft process that serves Prometheus metrics shares (DESIGN.md §7): one registry,
+// the families built the same way (prefix flashdraft_, base units, counters end in _total, no
+// unbounded labels), flashdraft_build_info, the standard process_* metrics read from /proc at
+// scrape time, and prometheus-cpp's Exposer serving /metrics on a "host:port" (port 0 picks one).
+// The coordinator's CoordinatorMetrics and the worker's WorkerMetrics are built on it.
+#pragma once
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace flashdraft {
+
+class MetricsExporter {
+ public:
+  // `build_labels`: flashdraft_build_info's labels besides version and commit (role, backend...).
+  explicit MetricsExporter(const prometheus::Labels& build_labels);
+  ~MetricsExporter();
+
+  // One labelled series of a family; the registry merges calls with the same name.
+  prometheus::Gauge& Gauge(const std::string& name, const std::string& help,
+                           const prometheus::Labels& labels = {});
+  prometheus::Counter& Counter(const std::string& name, const std::string& help,
+                               const prometheus::Labels& labels = {});
+  // Buckets in seconds, from 1 ms to 100 s.
+  prometheus::Histogram& Seconds(const std::string& name, const std::string& help,
+                                 const prometheus::Labels& labels = {});
+
+  // Serves /metrics on `listen`; `field` names the setting in errors (e.g. "metrics.listen").
+  // Returns the bound port.
+  absl::StatusOr<int> Serve(const std::string& listen, const std::string& field);
+
+  // The exposition text of everything, as a scrape returns it.
+  std::string Text() const;
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> process_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+};
+
+}  // namespace flashdraft
