@@ -15,6 +15,7 @@
 #include "common/bpe_trainer.h"
 #include "common/crc32c.h"
 #include "common/file_util.h"
+#include "common/progress.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "common/tokenizer.h"
@@ -167,6 +168,8 @@ absl::Status MakeTinyTarget(const MakeTinyTargetOptions& o) {
   std::mt19937_64 rng(o.seed);
   const int64_t warmup = std::max<int64_t>(1, o.steps / 10);
   double first_loss = 0, last_loss = 0;
+  Progress progress = Progress::ForStream("training the tiny target", static_cast<double>(o.steps),
+                                          "steps", stdout);
   for (int64_t step = 0; step < o.steps; ++step) {
     std::vector<int64_t> batch;
     for (int64_t b = 0; b < o.batch_size; ++b) {
@@ -193,12 +196,9 @@ absl::Status MakeTinyTarget(const MakeTinyTargetOptions& o) {
     optimizer.step();
     last_loss = loss.item<double>();
     if (step == 0) first_loss = last_loss;
-    if (step % 25 == 0 || step + 1 == o.steps) {
-      std::printf("step %lld/%lld  loss %.4f\n", static_cast<long long>(step + 1),
-                  static_cast<long long>(o.steps), last_loss);
-      std::fflush(stdout);
-    }
+    progress.Update(static_cast<double>(step + 1), absl::StrFormat("loss %.4f", last_loss));
   }
+  progress.Finish();
 
   // 3. The folder.
   SafetensorsWriter weights;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/chat_template.h"
 #include "common/file_util.h"
+#include "common/progress.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "common/tokenizer.h"
@@ -186,6 +187,15 @@ absl::Status Prepare(const PrepareOptions& o) {
                 static_cast<long long>(done));
 
   int64_t valid = 0, written = 0, bad = 0, tokens = 0;
+  // How far through the input (bytes of the JSONL, or files imported): a bar on a terminal.
+  std::error_code size_error;
+  const auto input_bytes = import ? 0 : std::filesystem::file_size(o.data, size_error);
+  Progress progress = Progress::ForStream("prepare",
+                                          import       ? static_cast<double>(files.size())
+                                          : size_error ? 0.0
+                                                       : input_bytes,
+                                          import ? "files" : "B", stdout);
+  auto note = [&] { return absl::StrCat(done + written, " samples, ", tokens, " tokens"); };
   // A bad record is fatal, or reported and skipped with --skip-bad-lines.
   auto bad_record = [&](const std::string& where, const absl::Status& s) {
     const std::string what = absl::StrCat(where, ": ", s.message());
@@ -208,16 +218,12 @@ absl::Status Prepare(const PrepareOptions& o) {
     FD_RETURN_IF_ERROR(writer.Add(ids, mask, f.data_ptr()));
     ++written;
     tokens += len;
-    if (written % 64 == 0) {
-      std::printf("\rprepared %lld samples (%lld tokens)", static_cast<long long>(done + written),
-                  static_cast<long long>(tokens));
-      std::fflush(stdout);
-    }
     return absl::OkStatus();
   };
 
   if (import) {
     for (const std::string& file : files) {
+      progress.Update(static_cast<double>(valid + bad), note());
       absl::StatusOr<ImportedSample> sample = ReadSpecForgeFile(file, t.vocab_size);
       if (sample.ok() && sample->features.size(1) != feature_size) {
         sample = absl::InvalidArgumentError(absl::StrCat(
@@ -238,6 +244,9 @@ absl::Status Prepare(const PrepareOptions& o) {
     ChatLineReader chat({o.target, o.tokenizer, o.max_new_tokens}, *model);
     while (std::getline(in, line)) {
       ++line_no;
+      if (const std::streamoff at = in.tellg(); at >= 0) {
+        progress.Update(static_cast<double>(at), note());
+      }
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       bool is_chat = false;
       absl::Status s = chat.Parse(line, t.vocab_size, /*regenerate=*/false, ids, mask, &is_chat);
@@ -267,7 +276,10 @@ absl::Status Prepare(const PrepareOptions& o) {
 
   FD_RETURN_IF_ERROR(WriteFrozenTargetTensors(*model, o.out + "/target.safetensors"));
   FD_RETURN_IF_ERROR(writer.Finish());
-  std::printf("\rprepared %lld samples (%lld new, %lld tokens), %lld bad %s skipped -> %s\n",
+  progress.Update(import ? static_cast<double>(files.size()) : static_cast<double>(input_bytes),
+                  note());
+  progress.Finish();
+  std::printf("prepared %lld samples (%lld new, %lld tokens), %lld bad %s skipped -> %s\n",
               static_cast<long long>(valid), static_cast<long long>(written),
               static_cast<long long>(tokens), static_cast<long long>(bad),
               import ? "file(s)" : "line(s)", o.out.c_str());

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -31,14 +32,16 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return buffer.str();
 }
 
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents,
+                                 const std::function<void(size_t written)>& written) {
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot create", tmp, errno);
   const char* p = contents.data();
   size_t left = contents.size();
+  constexpr size_t kPiece = size_t{16} << 20;
   while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
+    ssize_t n = ::write(fd, p, written ? std::min(left, kPiece) : left);
     if (n < 0) {
       if (errno == EINTR) continue;
       int err = errno;
@@ -48,6 +51,7 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
     }
     p += n;
     left -= static_cast<size_t>(n);
+    if (written) written(contents.size() - left);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     int err = errno;

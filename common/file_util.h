@@ -1,6 +1,7 @@
 // Whole-file reads and crash-safe writes.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -13,6 +14,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 
 // Writes `contents` to a temporary file beside `path`, fsyncs it, renames it over `path` and fsyncs
 // the directory: afterwards the file is either the old one or the whole new one.
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
+// `written` (if set) is told the bytes written so far, every 16 MiB.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents,
+                                 const std::function<void(size_t written)>& written = nullptr);
 
 }  // namespace flashdraft

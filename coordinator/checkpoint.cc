@@ -16,6 +16,7 @@
 #include "common/chunk_wire.h"
 #include "common/crc32c.h"
 #include "common/file_util.h"
+#include "common/progress.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 
@@ -123,13 +124,23 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::Write(
   fs::create_directories(tmp_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp_dir, ": ", ec.message()));
   nlohmann::json files = nlohmann::json::object();
+  // A large drafter's state takes a while to write: the log says how far it is every 10 s.
+  double total = 0;
+  for (const OwnedTensor& t : tensors) total += static_cast<double>(t.bytes.size());
+  Progress progress =
+      Progress::ForLog(absl::StrCat("checkpoint ", StepDirName(completed_steps)), total, "B");
+  double before = 0;
   for (const auto& [file, writer] :
        {std::pair<const char*, const SafetensorsWriter*>{kModelFile, &model},
         {kOptimizerFile, &optimizer}}) {
     const std::string image = writer->Serialize();
-    FD_RETURN_IF_ERROR(WriteFileAtomically(tmp_dir + "/" + file, image));
+    FD_RETURN_IF_ERROR(WriteFileAtomically(tmp_dir + "/" + file, image, [&](size_t written) {
+      progress.Update(before + static_cast<double>(written));
+    }));
+    before += static_cast<double>(image.size());
     files[file] = Crc32c(image.data(), image.size());
   }
+  progress.Finish();
   if (!drafter_config_json_.empty()) {
     FD_RETURN_IF_ERROR(WriteFileAtomically(tmp_dir + "/" + kConfigFile, drafter_config_json_));
     files[kConfigFile] = Crc32c(drafter_config_json_.data(), drafter_config_json_.size());

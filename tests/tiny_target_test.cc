@@ -2,6 +2,7 @@
 // reference reads identically, that is cached, and that `prepare` turns into shards from chats.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@ namespace flashdraft {
 namespace {
 
 using ::flashdraft::testing::RunCommand;
+using ::testing::Not;
 using ::flashdraft::testing::TempDir;
 using ::testing::HasSubstr;
 
@@ -55,6 +57,21 @@ TEST(TinyTargetTest, TrainsIsReadByTheReferenceIsCachedAndPrepares) {
                                           " --layers 0,1 --regenerate"));
   ASSERT_EQ(prepared.exit_code, 0) << prepared.output;
   EXPECT_EQ(nlohmann::json::parse(*ReadFile(dir.Join("shards/manifest.json")))["num_samples"], 1);
+  // Not on a terminal: no bar redrawn in place (plain progress lines come every 10 s).
+  for (const auto* out : {&r.output, &prepared.output}) {
+    EXPECT_EQ(out->find('\r'), std::string::npos) << *out;
+    EXPECT_THAT(*out, Not(HasSubstr("[#")));
+  }
+  // On a terminal (script(1) gives it one): a bar with the rate and what was done.
+  if (access("/usr/bin/script", X_OK) == 0) {
+    auto on_tty = RunCommand(absl::StrCat(
+        "script -qec '", kCli, " prepare --target ", dir.Join("tiny"), " --data ",
+        dir.Join("chats.jsonl"), " --out ", dir.Join("tty-shards"), " --layers 0,1' /dev/null"));
+    ASSERT_EQ(on_tty.exit_code, 0) << on_tty.output;
+    EXPECT_THAT(on_tty.output,
+                ::testing::ContainsRegex("\rprepare  \\[#+\\]  100%  [0-9.]+ B/[0-9.]+ B  .*/s  in "
+                                         "[0-9]+:[0-9]+  1 samples, [0-9]+ tokens"));
+  }
 
   // An independent float64 reference reads the folder as Hugging Face would.
   if (!::flashdraft::testing::ReferencePythonUnavailableReason().empty()) {

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/progress.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -38,6 +39,13 @@ absl::StatusOr<std::unique_ptr<TargetModelSource>> TargetModelSource::Open(
   // Tokenize the whole data set now: lengths are needed to plan, and bad lines surface at once.
   std::ifstream in(o.data_jsonl);
   if (!in) return absl::NotFoundError(absl::StrCat(o.data_jsonl, ": cannot open"));
+  std::error_code size_error;
+  const auto size = std::filesystem::file_size(o.data_jsonl, size_error);
+  const double bytes = size_error ? 0.0 : static_cast<double>(size);
+  // Long with data.regenerate (the target answers every prompt): the log tells how far it is.
+  Progress progress = Progress::ForLog(
+      absl::StrCat(o.regenerate ? "tokenizing and regenerating " : "tokenizing ", o.data_jsonl),
+      bytes, "B");
   ChatLineReader reader({o.target_dir, o.tokenizer, o.max_new_tokens}, *s->model_);
   std::string line;
   int64_t line_no = 0;
@@ -60,7 +68,11 @@ absl::StatusOr<std::unique_ptr<TargetModelSource>> TargetModelSource::Open(
     }
     s->ids_.push_back(ids);
     s->masks_.push_back(mask);
+    const std::streamoff at = in.tellg();  // -1 once the last line ended the file
+    progress.Update(at < 0 ? bytes : static_cast<double>(at),
+                    absl::StrCat(s->ids_.size(), " samples"));
   }
+  progress.Finish(absl::StrCat(s->ids_.size(), " samples"), /*always=*/true);
   if (s->ids_.empty())
     return absl::InvalidArgumentError(absl::StrCat(o.data_jsonl, ": no samples"));
   for (int i = 0; i < std::max(1, o.threads); ++i) {
