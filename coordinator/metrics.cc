@@ -1,7 +1,7 @@
 #include "coordinator/metrics.h"
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/coordinator.h"
+#include "coordinator/step_log.h"
 
 namespace flashdraft {
 
