@@ -65,6 +65,11 @@ absl::Status StartMetrics(const WorkerOptions& o, const JobConfig& job, MetricsE
     FD_RETURN_IF_ERROR(WriteFileAtomically(o.metrics_port_file, absl::StrCat(*port, "\n")));
   }
   LOG(INFO) << "metrics on " << m.address << " (/metrics)";
+  if (IsLoopbackListen(listen) && !IsLoopbackListen(o.coordinator)) {
+    LOG(WARNING) << field << " " << listen
+                 << " is this host only, but the coordinator is elsewhere: Prometheus cannot "
+                    "scrape this worker from another host (0.0.0.0:0 serves on every interface)";
+  }
   m.metrics = std::move(metrics);
   return absl::OkStatus();
 }
