@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "cli/eval.h"
 #include "cli/launch.h"
 #include "cli/make_shards.h"
 #include "cli/make_tiny_target.h"
@@ -366,6 +368,32 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
 
+  CLI::App* eval = app.add_subcommand(
+      "eval",
+      "Speculative decoding with a trained drafter against the target's own greedy decoding: "
+      "tau, acceptance per position, speedup, and the lossless check");
+  flashdraft::EvalOptions eval_options;
+  eval->add_option("--target", eval_options.target, "Hugging Face target folder")->required();
+  eval->add_option("--drafter", eval_options.drafter,
+                   "exported drafter folder (config.json + model.safetensors)")
+      ->required();
+  eval->add_option("--prompts", eval_options.prompts,
+                   "JSONL as prepare reads it: a chat's turns before its first assistant turn are "
+                   "the prompt")
+      ->required();
+  eval->add_option("--max-new-tokens", eval_options.max_new_tokens, "per prompt")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  eval->add_option("--block-size", eval_options.block_size, "default: the drafter's")
+      ->check(CLI::Range(int64_t{2}, int64_t{1024}));
+  eval->add_option("--limit", eval_options.limit, "the first N prompts (default: all)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  eval->add_option("--threads", eval_options.threads, "intra-op threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  eval->add_flag("--json", eval_options.json, "one JSON object on stdout");
+  eval->add_flag("--per-prompt", eval_options.per_prompt, "a table row for every prompt");
+
   CLI::App* status = app.add_subcommand("status", "Ask a running coordinator how the job is going");
   std::string status_address;
   status->add_option("coordinator", status_address, "host:port")->required();
@@ -418,6 +446,11 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (check->parsed()) return flashdraft::ConfigCheck(job_path, overrides);
+  if (eval->parsed()) {
+    const char* fault = std::getenv("FLASHDRAFT_EVAL_FAULT");
+    eval_options.accept_unverified = fault != nullptr && std::string(fault) == "accept-drafts";
+    return flashdraft::RunEval(eval_options);
+  }
   if (inspect->parsed()) return flashdraft::Inspect(inspect_path);
   if (step->parsed()) {
     if (gamma_opt->count() > 0) step_files.gamma = gamma;

@@ -182,6 +182,7 @@ const std::vector<Field>& Fields() {
       FD_FIELD(drafter, mask_token_id, int64_t, AtLeast<int64_t>(-1)),
       FD_FIELD(drafter, loss_decay_gamma, double, AtLeast(0.0)),
       FD_FIELD(drafter, max_anchors, int, Between(1, 1 << 16)),
+      FD_FIELD(drafter, init_from, std::string),
 
       FD_FIELD(data, source, std::string, OneOf({"shards", "target"})),
       FD_FIELD(data, shards_dir, std::string),

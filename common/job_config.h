@@ -34,6 +34,10 @@ struct DrafterConfig {
   // Loss decay γ; 0: the DFlash default for the block size (7 for 16, 5 for 10, 4 for 8).
   double loss_decay_gamma = 0;
   int max_anchors = 512;
+  // A published or exported drafter folder (config.json + model.safetensors, the z-lab / HF
+  // layout, BF16 or F32) to start from instead of a random init: fine-tuning. Its shapes must fit
+  // the job's; its block size and mask token may differ (they shape no weight).
+  std::string init_from;
 };
 
 struct DataConfig {

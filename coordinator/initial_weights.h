@@ -11,9 +11,11 @@
 
 namespace flashdraft {
 
-// Initializes a drafter for `config` from job.train.seed (DrafterImpl::InitWeights) and writes
-// its trainable parameters (F32, their parameter names) to
-// <output_dir>/initial_weights.safetensors; returns that path. Coordinator::WeightsFactory.
+// Initializes a drafter for `config` from job.train.seed (DrafterImpl::InitWeights), or loads it
+// from job.drafter.init_from (its config.json must describe the same shapes: an error names the
+// field that differs, or the tensor), and writes its trainable parameters (F32, their parameter
+// names) to <output_dir>/initial_weights.safetensors; returns that path.
+// Coordinator::WeightsFactory.
 absl::StatusOr<std::string> WriteInitialWeights(const JobConfig& job,
                                                 const DrafterModelConfig& config);
 

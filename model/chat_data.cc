@@ -81,4 +81,35 @@ absl::Status ChatLineReader::Parse(const std::string& line, int64_t vocab, bool 
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<int64_t>> ChatLineReader::Prompt(const std::string& line,
+                                                            int64_t vocab) {
+  FD_ASSIGN_OR_RETURN(ChatLine parsed, ParseChatLine(line, vocab));
+  std::vector<int64_t> ids;
+  if (!parsed.is_chat) {
+    for (size_t k = 0; k < parsed.input_ids.size() && parsed.loss_mask[k] == 0; ++k) {
+      ids.push_back(parsed.input_ids[k]);
+    }
+    if (ids.empty())
+      return absl::InvalidArgumentError("the first token already has loss: no prompt");
+    return ids;
+  }
+  FD_ASSIGN_OR_RETURN(const Tokenizer* tokenizer, GetTokenizer());
+  size_t turns = 0;
+  while (turns < parsed.messages.size() && parsed.messages[turns].role != "assistant") ++turns;
+  if (turns == 0) return absl::InvalidArgumentError("the chat starts with an assistant turn");
+  ChatTemplateOptions o;
+  o.add_generation_prompt = true;
+  FD_ASSIGN_OR_RETURN(
+      RenderedChat prompt,
+      RenderQwen3Chat({parsed.messages.begin(), parsed.messages.begin() + turns}, o));
+  for (int32_t id : tokenizer->Encode(prompt.text)) {
+    if (id >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the tokenizer produced id ", id, ", outside the target's vocabulary of ", vocab));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
 }  // namespace flashdraft

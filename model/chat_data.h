@@ -34,6 +34,13 @@ class ChatLineReader {
   absl::Status Parse(const std::string& line, int64_t vocab, bool regenerate,
                      std::vector<int64_t>& ids, std::vector<int64_t>& mask, bool* is_chat);
 
+  // The prompt of a line, as a server would get it (evaluation): a chat's turns before its first
+  // assistant turn, rendered with the generation prompt; a tokenized line's ids before its first
+  // loss position (all of them when it has none).
+  absl::StatusOr<std::vector<int64_t>> Prompt(const std::string& line, int64_t vocab);
+  // The tokenizer of chat lines (loaded on first use).
+  absl::StatusOr<const Tokenizer*> ChatTokenizer() { return GetTokenizer(); }
+
  private:
   // The tokenizer, loaded on the first chat line.
   absl::StatusOr<const Tokenizer*> GetTokenizer();

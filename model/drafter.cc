@@ -130,6 +130,67 @@ torch::Tensor DrafterImpl::Forward(const torch::Tensor& features, const torch::T
   return norm(x).view({b, n, block, c.hidden_size});
 }
 
+void DrafterImpl::ExtendContext(DrafterContext& context, const torch::Tensor& features) {
+  torch::NoGradGuard no_grad;
+  const DrafterModelConfig& c = config_;
+  const int64_t m = features.size(1), kv_heads = c.num_key_value_heads, hd = c.head_dim;
+  if (m == 0) return;
+  const torch::Tensor ctx = hidden_norm(fc(features.to(torch::kFloat32)));
+  auto [cos, sin] = RopeTables(torch::arange(context.length, context.length + m, torch::kInt64), hd,
+                               c.rope_theta);
+  context.keys.resize(layers->size());
+  context.values.resize(layers->size());
+  for (size_t l = 0; l < layers->size(); ++l) {
+    auto& attn = *layers[l]->as<DrafterLayerImpl>()->self_attn;
+    const torch::Tensor k = ApplyRope(
+        attn.k_norm(attn.k_proj(ctx).view({1, m, kv_heads, hd})).transpose(1, 2), cos, sin);
+    const torch::Tensor v = attn.v_proj(ctx).view({1, m, kv_heads, hd}).transpose(1, 2);
+    context.keys[l] = context.keys[l].defined() ? torch::cat({context.keys[l], k}, 2) : k;
+    context.values[l] = context.values[l].defined() ? torch::cat({context.values[l], v}, 2) : v;
+  }
+  context.length += m;
+}
+
+std::vector<int64_t> DrafterImpl::Draft(const DrafterContext& context, int64_t first_token,
+                                        int64_t block) {
+  torch::NoGradGuard no_grad;
+  const DrafterModelConfig& c = config_;
+  const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads, hd = c.head_dim;
+  std::vector<int64_t> ids(static_cast<size_t>(block), c.mask_token_id);
+  ids[0] = first_token;
+  torch::Tensor x =
+      embed_tokens_.index_select(0, torch::tensor(ids, torch::kInt64)).unsqueeze(0);  // [1, B, H]
+  auto [cos, sin] = RopeTables(torch::arange(context.length, context.length + block, torch::kInt64),
+                               hd, c.rope_theta);
+  for (size_t l = 0; l < layers->size(); ++l) {
+    auto layer = layers[l]->as<DrafterLayerImpl>();
+    auto& attn = *layer->self_attn;
+    const torch::Tensor xn = layer->input_layernorm(x);
+    const torch::Tensor q = ApplyRope(
+        attn.q_norm(attn.q_proj(xn).view({1, block, heads, hd})).transpose(1, 2), cos, sin);
+    torch::Tensor k = ApplyRope(
+        attn.k_norm(attn.k_proj(xn).view({1, block, kv_heads, hd})).transpose(1, 2), cos, sin);
+    torch::Tensor v = attn.v_proj(xn).view({1, block, kv_heads, hd}).transpose(1, 2);
+    if (context.length > 0) {
+      k = torch::cat({context.keys[l], k}, 2);
+      v = torch::cat({context.values[l], v}, 2);
+    }
+    if (heads != kv_heads) {
+      k = k.repeat_interleave(heads / kv_heads, 1);
+      v = v.repeat_interleave(heads / kv_heads, 1);
+    }
+    const torch::Tensor p = torch::softmax(
+        torch::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(hd)), -1);
+    const torch::Tensor o = torch::matmul(p, v);  // [1, heads, B, hd]
+    x = x + attn.o_proj(o.transpose(1, 2).reshape({1, block, heads * hd}));
+    x = x + layer->mlp(layer->post_attention_layernorm(x));
+  }
+  const torch::Tensor logits = torch::matmul(norm(x).squeeze(0).narrow(0, 1, block - 1),
+                                             lm_head_.t());  // [B-1, V]
+  const torch::Tensor best = logits.argmax(-1).contiguous();
+  return std::vector<int64_t>(best.data_ptr<int64_t>(), best.data_ptr<int64_t>() + block - 1);
+}
+
 DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
                                     std::optional<double> normaliser) {
   const DrafterModelConfig& c = config_;

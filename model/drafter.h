@@ -71,6 +71,13 @@ struct DrafterLossResult {
   double TauEstimate() const;
 };
 
+// Inference (DFLASH.md §5): the context's keys and values in every drafter layer, grown as the
+// target accepts tokens (what a server's drafter KV cache holds).
+struct DrafterContext {
+  std::vector<torch::Tensor> keys, values;  // per layer: [1, kv_heads, T, head_dim], RoPE applied
+  int64_t length = 0;                       // T: positions 0 .. T-1
+};
+
 class DrafterImpl : public torch::nn::Module {
  public:
   explicit DrafterImpl(DrafterModelConfig config);
@@ -87,6 +94,13 @@ class DrafterImpl : public torch::nn::Module {
   // (the global Σw across workers); defaults to this batch's own Σw.
   DrafterLossResult Loss(const DrafterBatch& batch, double gamma,
                          std::optional<double> normaliser = std::nullopt);
+
+  // Appends the target features of the next positions, [1, m, n·H], to `context`.
+  void ExtendContext(DrafterContext& context, const torch::Tensor& features);
+  // Drafts one block: [first_token, MASK × (block-1)] at positions T .. T+block-1 attends to the
+  // whole context and to itself (the training mask for an anchor at T); returns the argmax of
+  // slots 1 .. block-1. `block` ≤ config().block_size.
+  std::vector<int64_t> Draft(const DrafterContext& context, int64_t first_token, int64_t block);
 
   // normal(0, 0.02) for every projection, ones for every norm (DFLASH.md §3).
   void InitWeights(uint64_t seed);

@@ -206,3 +206,62 @@ TEST(DrafterDebugStepTest, BadFilesGetClearErrors) {
 
 }  // namespace
 }  // namespace flashdraft
+
+namespace flashdraft {
+namespace {
+
+// Inference drafts what training computes: a block at T over the context 0..T-1 gives the same
+// logits' argmax whether the context was built at once or grew piece by piece (the KV cache a
+// server keeps), and the same as the training forward for an anchor at T (GQA: 2 heads, 1 KV head).
+TEST(DrafterInferenceTest, DraftingFromAGrowingContextEqualsTheTrainingForward) {
+  torch::manual_seed(3);
+  DrafterModelConfig config = ::flashdraft::testing::TinyDrafterConfig(32);
+  config.num_hidden_layers = 2;
+  Drafter drafter(config);
+  drafter->InitWeights(7);
+  {  // larger weights than the init, so that argmaxes are decided by the computation
+    torch::NoGradGuard no_grad;
+    for (auto& p : drafter->parameters()) {
+      if (p.dim() > 1) p.normal_(0, 0.3);
+    }
+  }
+  drafter->SetFrozen(torch::randn({config.vocab_size, config.hidden_size}),
+                     torch::randn({config.vocab_size, config.hidden_size}));
+  const int64_t s = 11, block = config.block_size;
+  const torch::Tensor features = torch::randn({1, s, config.feature_size()});
+  const int64_t first = 5;
+
+  DrafterContext whole, pieces;
+  drafter->ExtendContext(whole, features);
+  drafter->ExtendContext(pieces, features.narrow(1, 0, 4));
+  drafter->ExtendContext(pieces, features.narrow(1, 4, 1));
+  drafter->ExtendContext(pieces, features.narrow(1, 5, s - 5));
+  EXPECT_EQ(pieces.length, s);
+  const std::vector<int64_t> drafted = drafter->Draft(whole, first, block);
+  EXPECT_EQ(drafter->Draft(pieces, first, block), drafted);
+
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> ids(block, config.mask_token_id);
+  ids[0] = first;
+  const torch::Tensor block_ids = torch::tensor(ids, torch::kInt64).view({1, 1, block});
+  // The training forward: anchor T = s over features of 0..s (position s's own feature is never
+  // attended: the context bound is strict).
+  const torch::Tensor padded =
+      torch::cat({features, torch::randn({1, 1, config.feature_size()})}, 1);
+  const torch::Tensor hidden = drafter->Forward(
+      padded, block_ids, torch::full({1, 1}, s, torch::kInt64), torch::ones({1, 1}, torch::kBool));
+  const torch::Tensor want =
+      torch::matmul(hidden.view({block, config.hidden_size}).narrow(0, 1, block - 1),
+                    drafter->lm_head().t())
+          .argmax(-1);
+  EXPECT_EQ(drafted,
+            std::vector<int64_t>(want.data_ptr<int64_t>(), want.data_ptr<int64_t>() + block - 1));
+  // Not a constant: another context drafts something else.
+  DrafterContext other;
+  drafter->ExtendContext(other, torch::randn({1, s, config.feature_size()}));
+  EXPECT_NE(drafter->Draft(other, first, block), drafted);
+  EXPECT_EQ(drafter->Draft(whole, first, 2).size(), 1u);  // a shorter block: its slots only
+}
+
+}  // namespace
+}  // namespace flashdraft

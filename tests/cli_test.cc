@@ -2,6 +2,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/safetensors.h"
 #include "tests/support/test_util.h"
@@ -62,6 +65,60 @@ TEST(CliTest, UsageErrorsExitNonZero) {
   EXPECT_NE(RunCommand(kBinary).exit_code, 0);
   EXPECT_NE(RunCommand(kBinary + " frobnicate").exit_code, 0);
   EXPECT_NE(RunCommand(kBinary + " config check").exit_code, 0);
+}
+
+// Fine-tuning: a checkpoint exported in the HF layout (BF16) seeds a new job
+// (drafter.init_from), which starts where the first one was instead of from scratch; a drafter of
+// another shape is refused naming the field.
+TEST(FineTuneTest, AnExportedCheckpointSeedsANewJobThatContinuesFromIt) {
+  flashdraft::testing::TempDir dir;
+  auto made = RunCommand(absl::StrCat(kBinary, " make-shards --out ", dir.Join("shards"),
+                                      " --samples 48 --seq 64 --vocab 48 --hidden 32 --seed 4"));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  auto job = [&](const std::string& name, const std::string& extra) {
+    const std::string path = dir.Join(name + ".yaml");
+    EXPECT_TRUE(WriteFileAtomically(
+                    path, absl::StrCat("output_dir: ", dir.Join(name),
+                                       "\ndrafter: {block_size: 8, num_target_features: 2, "
+                                       "max_anchors: 8",
+                                       extra.find("num_hidden_layers") == std::string::npos
+                                           ? ", num_hidden_layers: 1"
+                                           : "",
+                                       extra, "}\ndata: {source: shards, shards_dir: ",
+                                       dir.Join("shards"), ", max_seq_len: 64}\n",
+                                       "train: {seed: 1, max_steps: 40, global_batch_size: 6, "
+                                       "learning_rate: 0.003}\ncheckpoint: {every_steps: 30}\n"))
+                    .ok());
+    return path;
+  };
+  auto first = RunCommand(absl::StrCat(kBinary, " launch ", job("first", ""), " --workers 1"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  auto exported = RunCommand(absl::StrCat(kBinary, " export --checkpoint ",
+                                          dir.Join("first/checkpoints/step-00000030"), " --out ",
+                                          dir.Join("after30")));
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+
+  auto tuned = RunCommand(absl::StrCat(
+      kBinary, " launch ", job("tuned", ", init_from: " + dir.Join("after30")), " --workers 1"));
+  ASSERT_EQ(tuned.exit_code, 0) << tuned.output;
+  EXPECT_THAT(tuned.output, HasSubstr("starts from " + dir.Join("after30")));
+  const auto a = ::flashdraft::testing::ReadSteps(dir.Join("first/steps.jsonl"));
+  const auto b = ::flashdraft::testing::ReadSteps(dir.Join("tuned/steps.jsonl"));
+  ASSERT_EQ(a.size(), 40u);
+  ASSERT_EQ(b.size(), 40u);
+  const double fresh = a[0]["loss"].get<double>(), trained = a[29]["loss"].get<double>();
+  ASSERT_LT(trained, fresh - 0.5) << "the first job must learn for the test to mean anything";
+  // The seeded job starts at least halfway down the first job's curve (other batches, BF16
+  // weights).
+  EXPECT_LT(b[0]["loss"].get<double>(), (fresh + trained) / 2)
+      << "fresh " << fresh << ", after 30 steps " << trained;
+
+  auto wrong = RunCommand(absl::StrCat(
+      kBinary, " launch ",
+      job("wrong", ", num_hidden_layers: 2, init_from: " + dir.Join("after30")), " --workers 1"));
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_THAT(wrong.output, HasSubstr("after30/config.json: num_hidden_layers is 1 but the job's "
+                                      "drafter has 2"));
 }
 
 }  // namespace

@@ -159,6 +159,38 @@ train: {max_steps: 24, global_batch_size: 8, learning_rate: 0.003, warmup_ratio:
   const double last = (losses[21] + losses[22] + losses[23]) / 3;
   EXPECT_LT(last, first - 0.3) << "first " << first << " last " << last;
   EXPECT_FALSE(std::filesystem::exists(dir.Join("run/shard-00000.safetensors")));
+
+  // The exported drafter, run the way a server runs it: speculative decoding returns exactly the
+  // target's greedy output and accepts more than the target's own token per cycle (τ > 1).
+  const std::string eval = absl::StrCat(kCli, " eval --target ", dir.Join("tiny"), " --drafter ",
+                                        dir.Join("run/drafter"), " --prompts ",
+                                        dir.Join("chats.jsonl"), " --limit 6 --max-new-tokens 32");
+  auto good = RunCommand(eval + " --json 2>/dev/null");
+  ASSERT_EQ(good.exit_code, 0) << good.output;
+  const nlohmann::json report = nlohmann::json::parse(good.output, nullptr, false);
+  ASSERT_TRUE(report.is_object()) << good.output;
+  EXPECT_EQ(report["lossless"], true);
+  EXPECT_EQ(report["prompts"], 6);
+  EXPECT_GT(report["tau"].get<double>(), 1.0) << good.output;
+  EXPECT_EQ(report["accepted_length_histogram"].size(), 8u);
+  EXPECT_EQ(report["acceptance_per_position"].size(), 7u);
+  EXPECT_GT(report["acceptance_per_position"][0].get<double>(), 0);
+  EXPECT_GT(report["speculative"]["tokens_per_second"].get<double>(), 0);
+  auto table = RunCommand(eval + " --block-size 4");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_THAT(table.output, HasSubstr("acceptance by block position:  1: "));
+  EXPECT_THAT(table.output, HasSubstr("lossless: all 6 output(s) equal the target's own greedy"));
+  // A server that accepted drafts without verifying them: the check catches it.
+  auto broken = RunCommand("FLASHDRAFT_EVAL_FAULT=accept-drafts " + eval);
+  EXPECT_EQ(broken.exit_code, 1) << broken.output;
+  EXPECT_THAT(broken.output, ::testing::ContainsRegex(
+                                 "lossless check FAILED on [1-6] of 6 prompt\\(s\\): prompt [1-6] "
+                                 "differs at new token [0-9]+: the target's greedy decoding gives"));
+  // A folder that is not a drafter is refused by name.
+  auto other = RunCommand(absl::StrCat(kCli, " eval --target ", dir.Join("tiny"), " --drafter ",
+                                       dir.Join("run"), " --prompts ", dir.Join("chats.jsonl")));
+  EXPECT_EQ(other.exit_code, 1);
+  EXPECT_THAT(other.output, HasSubstr("run/config.json"));
 }
 
 }  // namespace

@@ -1,0 +1,290 @@
+#include "cli/eval.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/progress.h"
+#include "common/safetensors.h"
+#include "common/status_macros.h"
+#include "model/chat_data.h"
+#include "model/drafter.h"
+#include "model/drafter_config.h"
+#include "model/generate.h"
+#include "model/speculative.h"
+#include "model/target_model.h"
+
+namespace flashdraft {
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+// The exported drafter, checked against the target it drafts for; its frozen tensors are the
+// target's.
+absl::StatusOr<Drafter> LoadDrafter(const std::string& dir, const TargetModel& target) {
+  FD_ASSIGN_OR_RETURN(DrafterModelConfig d, LoadDrafterConfig(dir + "/config.json"));
+  const TargetModelConfig& t = target.config();
+  auto mismatch = [&](const std::string& what, int64_t drafter, int64_t target_value) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: ", what, " ", drafter,
+                                                   " does not fit the target's ", target_value));
+  };
+  if (d.hidden_size != t.hidden_size) return mismatch("hidden_size", d.hidden_size, t.hidden_size);
+  if (d.vocab_size != t.vocab_size) return mismatch("vocab_size", d.vocab_size, t.vocab_size);
+  for (int id : d.target_layer_ids) {
+    if (id < 0 || id >= t.num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: target layer id ", id,
+                                                     " is outside the target's ",
+                                                     t.num_hidden_layers, " layers"));
+    }
+  }
+  if (d.mask_token_id < 0 || d.mask_token_id >= t.vocab_size) {
+    return mismatch("mask_token_id", d.mask_token_id, t.vocab_size);
+  }
+  Drafter drafter(d);
+  FD_ASSIGN_OR_RETURN(auto weights, SafetensorsModel::Open(dir + "/model.safetensors"));
+  FD_RETURN_IF_ERROR(LoadDrafterWeights(*drafter, *weights, /*with_frozen=*/false));
+  drafter->SetFrozen(target.embed_tokens(), target.lm_head());
+  drafter->eval();
+  return drafter;
+}
+
+struct PromptResult {
+  int64_t prompt_tokens = 0;
+  std::vector<int64_t> greedy, speculative;
+  std::vector<int64_t> accepted;
+  double greedy_seconds = 0, speculative_seconds = 0;
+  double tau = 0;
+  int64_t first_difference = -1;  // -1: lossless
+};
+
+std::string Piece(const Tokenizer* tokenizer, int64_t id) {
+  if (tokenizer == nullptr) return "";
+  return absl::StrCat(" '", tokenizer->Decode({static_cast<int32_t>(id)}), "'");
+}
+
+}  // namespace
+
+int RunEval(const EvalOptions& o) {
+  auto fail = [](const absl::Status& s) {
+    std::cerr << "flashdraft eval: error: " << s.message() << "\n";
+    return 1;
+  };
+  torch::set_num_threads(std::max(1, o.threads));
+  torch::NoGradGuard no_grad;
+  absl::StatusOr<std::unique_ptr<TargetModel>> target = TargetModel::Load(o.target);
+  if (!target.ok()) return fail(target.status());
+  absl::StatusOr<Drafter> loaded = LoadDrafter(o.drafter, **target);
+  if (!loaded.ok()) return fail(loaded.status());
+  Drafter drafter = *loaded;
+  const int64_t block = o.block_size > 0 ? o.block_size : drafter->config().block_size;
+  if (block < 2 || block > drafter->config().block_size) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("--block-size ", block, " must be in 2 .. ",
+                                                        drafter->config().block_size,
+                                                        " (the drafter's block size)")));
+  }
+
+  // Prompts.
+  std::ifstream in(o.prompts);
+  if (!in) return fail(absl::NotFoundError(absl::StrCat(o.prompts, ": cannot open")));
+  ChatLineReader reader({o.target, "", 1}, **target);
+  std::vector<std::vector<int64_t>> prompts;
+  std::string line;
+  for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    absl::StatusOr<std::vector<int64_t>> prompt =
+        reader.Prompt(line, (*target)->config().vocab_size);
+    if (!prompt.ok()) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat(o.prompts, ":", line_no, ": ", prompt.status().message())));
+    }
+    prompts.push_back(*std::move(prompt));
+    if (o.limit > 0 && static_cast<int64_t>(prompts.size()) >= o.limit) break;
+  }
+  if (prompts.empty()) return fail(absl::InvalidArgumentError(o.prompts + ": no prompts"));
+  // Stop tokens: the chat template's end of turn and the tokenizer's end of text, when it has them.
+  const Tokenizer* tokenizer = nullptr;
+  std::vector<int64_t> stops;
+  if (absl::StatusOr<const Tokenizer*> t = reader.ChatTokenizer(); t.ok()) {
+    tokenizer = *t;
+    for (const char* token : {"<|im_end|>", "<|endoftext|>"}) {
+      if (auto id = tokenizer->TokenToId(token)) stops.push_back(*id);
+    }
+  }
+
+  SpeculativeOptions so;
+  so.max_new_tokens = o.max_new_tokens;
+  so.block_size = block;
+  so.stop_ids = stops;
+  so.accept_unverified = o.accept_unverified;
+  std::vector<PromptResult> results;
+  Progress progress =
+      Progress::ForStream("eval", static_cast<double>(prompts.size()), "prompts", stderr);
+  for (const std::vector<int64_t>& prompt : prompts) {
+    PromptResult r;
+    r.prompt_tokens = static_cast<int64_t>(prompt.size());
+    auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<std::vector<int64_t>> greedy =
+        GreedyGenerate(**target, prompt, o.max_new_tokens, stops);
+    r.greedy_seconds = Seconds(t0);
+    if (!greedy.ok()) return fail(greedy.status());
+    t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<SpeculativeResult> spec = SpeculativeGenerate(**target, *drafter, prompt, so);
+    r.speculative_seconds = Seconds(t0);
+    if (!spec.ok()) return fail(spec.status());
+    r.greedy = *std::move(greedy);
+    r.speculative = spec->tokens;
+    r.accepted = spec->accepted;
+    r.tau = spec->Tau();
+    const size_t n = std::min(r.greedy.size(), r.speculative.size());
+    for (size_t i = 0; i < n && r.first_difference < 0; ++i) {
+      if (r.greedy[i] != r.speculative[i]) r.first_difference = static_cast<int64_t>(i);
+    }
+    if (r.first_difference < 0 && r.greedy.size() != r.speculative.size()) {
+      r.first_difference = static_cast<int64_t>(n);
+    }
+    results.push_back(std::move(r));
+    progress.Update(static_cast<double>(results.size()));
+  }
+  progress.Finish();
+
+  // Aggregates: τ over prompts; per position k (1..B-1) the share of cycles that accepted draft k;
+  // accepted lengths 1..B; throughput of both decoders.
+  double tau_sum = 0, greedy_seconds = 0, spec_seconds = 0;
+  int64_t greedy_tokens = 0, spec_tokens = 0, cycles = 0, prompts_with_cycles = 0;
+  std::vector<int64_t> histogram(static_cast<size_t>(block) + 1, 0);
+  const PromptResult* lossy = nullptr;
+  for (const PromptResult& r : results) {
+    if (!r.accepted.empty()) {
+      tau_sum += r.tau;
+      ++prompts_with_cycles;
+    }
+    for (int64_t a : r.accepted) ++histogram[static_cast<size_t>(a)];
+    cycles += static_cast<int64_t>(r.accepted.size());
+    greedy_seconds += r.greedy_seconds;
+    spec_seconds += r.speculative_seconds;
+    greedy_tokens += static_cast<int64_t>(r.greedy.size());
+    spec_tokens += static_cast<int64_t>(r.speculative.size());
+    if (r.first_difference >= 0 && lossy == nullptr) lossy = &r;
+  }
+  const double tau = prompts_with_cycles > 0 ? tau_sum / prompts_with_cycles : 0;
+  std::vector<double> acceptance;  // position k = 1 .. B-1
+  for (int64_t k = 1; k < block; ++k) {
+    int64_t reached = 0;
+    for (int64_t a = k + 1; a <= block; ++a) reached += histogram[static_cast<size_t>(a)];
+    acceptance.push_back(cycles > 0 ? static_cast<double>(reached) / cycles : 0);
+  }
+  const double greedy_rate = greedy_seconds > 0 ? greedy_tokens / greedy_seconds : 0;
+  const double spec_rate = spec_seconds > 0 ? spec_tokens / spec_seconds : 0;
+  const double speedup = greedy_rate > 0 ? spec_rate / greedy_rate : 0;
+  int64_t lossy_count = 0;
+  for (const PromptResult& r : results) lossy_count += r.first_difference >= 0;
+
+  if (o.json) {
+    nlohmann::json j;
+    j["prompts"] = results.size();
+    j["block_size"] = block;
+    j["max_new_tokens"] = o.max_new_tokens;
+    j["tau"] = tau;
+    j["cycles"] = cycles;
+    j["acceptance_per_position"] = acceptance;
+    j["accepted_length_histogram"] =
+        std::vector<int64_t>(histogram.begin() + 1, histogram.end());  // lengths 1..B
+    j["target_only"] = {
+        {"tokens", greedy_tokens}, {"seconds", greedy_seconds}, {"tokens_per_second", greedy_rate}};
+    j["speculative"] = {
+        {"tokens", spec_tokens}, {"seconds", spec_seconds}, {"tokens_per_second", spec_rate}};
+    j["speedup"] = speedup;
+    j["lossless"] = lossy == nullptr;
+    nlohmann::json per = nlohmann::json::array();
+    for (const PromptResult& r : results) {
+      per.push_back({{"prompt_tokens", r.prompt_tokens},
+                     {"new_tokens", r.speculative.size()},
+                     {"cycles", r.accepted.size()},
+                     {"tau", r.tau},
+                     {"first_difference", r.first_difference}});
+    }
+    j["per_prompt"] = per;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("eval: %zu prompt(s) of %s, block size %lld, up to %lld new tokens, greedy\n",
+                results.size(), o.prompts.c_str(), static_cast<long long>(block),
+                static_cast<long long>(o.max_new_tokens));
+    if (o.per_prompt) {
+      std::printf("%6s %7s %10s %7s %6s %12s %12s\n", "prompt", "tokens", "new tokens", "cycles",
+                  "tau", "target tok/s", "spec tok/s");
+    }
+    for (size_t i = 0; i < results.size() && o.per_prompt; ++i) {
+      const PromptResult& r = results[i];
+      std::printf("%6zu %7lld %10zu %7zu %6.2f %12.1f %12.1f%s\n", i + 1,
+                  static_cast<long long>(r.prompt_tokens), r.speculative.size(), r.accepted.size(),
+                  r.tau, r.greedy_seconds > 0 ? r.greedy.size() / r.greedy_seconds : 0.0,
+                  r.speculative_seconds > 0 ? r.speculative.size() / r.speculative_seconds : 0.0,
+                  r.first_difference >= 0 ? "  DIFFERS" : "");
+    }
+    std::vector<double> taus;
+    for (const PromptResult& r : results) {
+      if (!r.accepted.empty()) taus.push_back(r.tau);
+    }
+    std::sort(taus.begin(), taus.end());
+    std::printf("tau (mean accepted tokens per verify cycle, mean over prompts): %.2f", tau);
+    if (!taus.empty()) {
+      std::printf("  (per prompt: min %.2f, median %.2f, max %.2f)", taus.front(),
+                  taus[taus.size() / 2], taus.back());
+    }
+    std::printf("\n");
+    std::printf("acceptance by block position:");
+    for (size_t k = 0; k < acceptance.size(); ++k) std::printf("  %zu: %.2f", k + 1, acceptance[k]);
+    std::printf("\naccepted length of %lld cycles:\n", static_cast<long long>(cycles));
+    const int64_t most = *std::max_element(histogram.begin(), histogram.end());
+    for (int64_t a = 1; a <= block; ++a) {
+      const int64_t n = histogram[static_cast<size_t>(a)];
+      const int width = most > 0 ? static_cast<int>(40 * n / most) : 0;
+      std::printf("  %3lld  %-40s %lld\n", static_cast<long long>(a),
+                  std::string(static_cast<size_t>(width), '#').c_str(), static_cast<long long>(n));
+    }
+    std::printf(
+        "target only: %lld tokens in %.2f s (%.1f tok/s); speculative: %lld tokens in %.2f s "
+        "(%.1f tok/s); speedup %.2fx (%d thread(s))\n",
+        static_cast<long long>(greedy_tokens), greedy_seconds, greedy_rate,
+        static_cast<long long>(spec_tokens), spec_seconds, spec_rate, speedup,
+        std::max(1, o.threads));
+  }
+  if (lossy != nullptr) {
+    const size_t index = static_cast<size_t>(lossy - results.data());
+    const int64_t at = lossy->first_difference;
+    const auto token = [&](const std::vector<int64_t>& v) {
+      return at < static_cast<int64_t>(v.size())
+                 ? absl::StrCat(v[static_cast<size_t>(at)],
+                                Piece(tokenizer, v[static_cast<size_t>(at)]))
+                 : std::string("(ended)");
+    };
+    std::fprintf(stderr,
+                 "flashdraft eval: lossless check FAILED on %lld of %zu prompt(s): prompt %zu "
+                 "differs at new token %lld: the target's greedy decoding gives %s, speculative "
+                 "decoding %s\n",
+                 static_cast<long long>(lossy_count), results.size(), index + 1,
+                 static_cast<long long>(at), token(lossy->greedy).c_str(),
+                 token(lossy->speculative).c_str());
+    return 1;
+  }
+  if (!o.json) {
+    std::printf("lossless: all %zu output(s) equal the target's own greedy decoding\n",
+                results.size());
+  }
+  return 0;
+}
+
+}  // namespace flashdraft

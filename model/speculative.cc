@@ -1,0 +1,94 @@
+#include "model/speculative.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace flashdraft {
+namespace {
+
+// Keeps the first `length` positions of every layer's cache.
+void Crop(KvCache& cache, int64_t length) {
+  for (size_t l = 0; l < cache.keys.size(); ++l) {
+    cache.keys[l] = cache.keys[l].narrow(2, 0, length);
+    cache.values[l] = cache.values[l].narrow(2, 0, length);
+  }
+}
+
+}  // namespace
+
+double SpeculativeResult::Tau() const {
+  if (accepted.empty()) return 0;
+  return static_cast<double>(std::accumulate(accepted.begin(), accepted.end(), int64_t{0})) /
+         static_cast<double>(accepted.size());
+}
+
+absl::StatusOr<SpeculativeResult> SpeculativeGenerate(const TargetModel& target,
+                                                      DrafterImpl& drafter,
+                                                      const std::vector<int64_t>& prompt,
+                                                      const SpeculativeOptions& options) {
+  const DrafterModelConfig& d = drafter.config();
+  const int64_t block = options.block_size > 0 ? options.block_size : d.block_size;
+  if (block < 2 || block > d.block_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block size ", block, " must be in 2 .. ", d.block_size, " (the drafter's)"));
+  }
+  if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
+  torch::NoGradGuard no_grad;
+  const std::vector<int>& layers = d.target_layer_ids;
+  auto is_stop = [&](int64_t id) {
+    return std::find(options.stop_ids.begin(), options.stop_ids.end(), id) !=
+           options.stop_ids.end();
+  };
+  SpeculativeResult result;
+  if (options.max_new_tokens <= 0) return result;
+
+  // Prefill: the prompt's features for the drafter, the first token from the target.
+  KvCache cache;
+  DrafterContext context;
+  const int64_t p = static_cast<int64_t>(prompt.size());
+  if (p > 1) {
+    const torch::Tensor head =
+        torch::tensor(std::vector<int64_t>(prompt.begin(), prompt.end() - 1)).unsqueeze(0);
+    FD_ASSIGN_OR_RETURN(TargetOutput o,
+                        target.Forward(head, layers, /*with_logits=*/false, &cache));
+    drafter.ExtendContext(context, o.features);
+  }
+  FD_ASSIGN_OR_RETURN(TargetOutput last,
+                      target.Forward(torch::tensor({prompt.back()}).unsqueeze(0), layers,
+                                     /*with_logits=*/true, &cache));
+  drafter.ExtendContext(context, last.features);
+  int64_t next = last.logits.index({0, -1}).argmax().item<int64_t>();
+  result.tokens.push_back(next);
+
+  while (!is_stop(next) && static_cast<int64_t>(result.tokens.size()) < options.max_new_tokens) {
+    // Draft: [next, MASK...] at the position after the context.
+    std::vector<int64_t> ids = {next};
+    const std::vector<int64_t> drafted = drafter.Draft(context, next, block);
+    ids.insert(ids.end(), drafted.begin(), drafted.end());
+    // Verify: the target's argmax after each block position, in one pass over the block.
+    const int64_t start = cache.length();
+    FD_ASSIGN_OR_RETURN(TargetOutput v, target.Forward(torch::tensor(ids).unsqueeze(0), layers,
+                                                       /*with_logits=*/true, &cache));
+    const torch::Tensor posterior = v.logits.squeeze(0).argmax(-1).contiguous();
+    const int64_t* best = posterior.data_ptr<int64_t>();
+    int64_t a = 0;  // drafted tokens accepted
+    while (a < block - 1 && (ids[a + 1] == best[a] || options.accept_unverified)) ++a;
+    result.accepted.push_back(a + 1);
+    // Keep the positions of `next` and the accepted drafts; the target's token after them is next.
+    Crop(cache, start + a + 1);
+    drafter.ExtendContext(context, v.features.narrow(1, 0, a + 1));
+    for (int64_t i = 1; i <= a + 1; ++i) {
+      next = i <= a ? ids[i] : best[a];
+      result.tokens.push_back(next);
+      if (is_stop(next) || static_cast<int64_t>(result.tokens.size()) >= options.max_new_tokens) {
+        break;
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace flashdraft

@@ -1,0 +1,96 @@
+// Speculative decoding (DFLASH.md §5) against plain greedy decoding of the same target: the output
+// is identical for every prompt and block size, whatever the drafter proposes; cycles accept
+// between 1 and B tokens and account for every token after the first.
+#include "model/speculative.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "model/generate.h"
+
+namespace flashdraft {
+namespace {
+
+std::unique_ptr<TargetModel> RandomTarget(const TargetModelConfig& c, uint64_t seed) {
+  torch::manual_seed(seed);
+  auto model = TargetModel::FromWeights(
+      c,
+      [](const std::string& name,
+         const std::vector<int64_t>& shape) -> absl::StatusOr<torch::Tensor> {
+        if (name.find("norm") != std::string::npos) return torch::ones(shape);
+        return torch::randn(shape) * 0.3;
+      },
+      [](const std::string&) { return true; });
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? *std::move(model) : nullptr;
+}
+
+TargetModelConfig SmallQwen3() {
+  TargetModelConfig c;
+  c.model_type = "qwen3";
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 16;
+  c.vocab_size = 48;
+  c.qk_norm = true;
+  return c;
+}
+
+TEST(SpeculativeTest, OutputEqualsGreedyDecodingForEveryBlockSize) {
+  const TargetModelConfig t = SmallQwen3();
+  auto target = RandomTarget(t, 1);
+  ASSERT_NE(target, nullptr);
+  DrafterModelConfig d = DrafterConfigForTarget(t, {0, 2}, 256, -1);
+  d.block_size = 6;
+  Drafter drafter(d);
+  drafter->InitWeights(2);
+  drafter->SetFrozen(target->embed_tokens(), target->lm_head());
+  const std::vector<std::vector<int64_t>> prompts = {{7}, {3, 9, 27, 1, 40}, {5, 5, 5, 5, 5, 5, 5}};
+  for (const auto& prompt : prompts) {
+    auto greedy = GreedyGenerate(*target, prompt, 40, {});
+    ASSERT_TRUE(greedy.ok()) << greedy.status();
+    for (int64_t block : {2, 4, 6}) {
+      SCOPED_TRACE(::testing::Message() << "prompt of " << prompt.size() << ", block " << block);
+      SpeculativeOptions o;
+      o.max_new_tokens = 40;
+      o.block_size = block;
+      auto spec = SpeculativeGenerate(*target, *drafter, prompt, o);
+      ASSERT_TRUE(spec.ok()) << spec.status();
+      EXPECT_EQ(spec->tokens, *greedy);
+      ASSERT_FALSE(spec->accepted.empty());
+      for (int64_t a : spec->accepted) {
+        EXPECT_GE(a, 1);
+        EXPECT_LE(a, block);
+      }
+      // Every token after the first came from a cycle (the last cycle may be cut at the limit).
+      const int64_t total =
+          std::accumulate(spec->accepted.begin(), spec->accepted.end(), int64_t{0});
+      EXPECT_GE(total, 39);
+      EXPECT_LT(total - spec->accepted.back(), 39);
+    }
+  }
+  // A stop token ends both the same way, and is included.
+  auto greedy = GreedyGenerate(*target, prompts[1], 40, {});
+  ASSERT_TRUE(greedy.ok());
+  const int64_t stop = (*greedy)[9];
+  auto stopped = GreedyGenerate(*target, prompts[1], 40, {stop});
+  SpeculativeOptions o;
+  o.max_new_tokens = 40;
+  o.stop_ids = {stop};
+  auto spec = SpeculativeGenerate(*target, *drafter, prompts[1], o);
+  ASSERT_TRUE(spec.ok() && stopped.ok());
+  EXPECT_EQ(spec->tokens, *stopped);
+  EXPECT_EQ(spec->tokens.back(), stop);
+
+  o.block_size = 7;  // beyond the drafter's
+  EXPECT_THAT(SpeculativeGenerate(*target, *drafter, prompts[1], o).status().message(),
+              ::testing::HasSubstr("block size 7 must be in 2 .. 6"));
+}
+
+}  // namespace
+}  // namespace flashdraft
