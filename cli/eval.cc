@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file_util.h"
 #include "common/progress.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
@@ -192,7 +193,7 @@ int RunEval(const EvalOptions& o) {
   int64_t lossy_count = 0;
   for (const PromptResult& r : results) lossy_count += r.first_difference >= 0;
 
-  if (o.json) {
+  if (o.json || !o.json_out.empty()) {
     nlohmann::json j;
     j["prompts"] = results.size();
     j["block_size"] = block;
@@ -217,8 +218,14 @@ int RunEval(const EvalOptions& o) {
                      {"first_difference", r.first_difference}});
     }
     j["per_prompt"] = per;
-    std::printf("%s\n", j.dump(2).c_str());
-  } else {
+    if (o.json) std::printf("%s\n", j.dump(2).c_str());
+    if (!o.json_out.empty()) {
+      if (absl::Status s = WriteFileAtomically(o.json_out, j.dump(2) + "\n"); !s.ok()) {
+        return fail(s);
+      }
+    }
+  }
+  if (!o.json) {
     std::printf("eval: %zu prompt(s) of %s, block size %lld, up to %lld new tokens, greedy\n",
                 results.size(), o.prompts.c_str(), static_cast<long long>(block),
                 static_cast<long long>(o.max_new_tokens));

@@ -23,6 +23,7 @@ struct EvalOptions {
   // small operations, which more threads on a small model only slow down.
   int threads = 1;
   bool json = false;
+  std::string json_out;     // also write the JSON here (for `flashdraft report --eval`)
   bool per_prompt = false;  // the table of every prompt (JSON always has it)
   // Fault injection for the lossless check's own test (FLASHDRAFT_EVAL_FAULT=accept-drafts): the
   // drafts are accepted unverified, as a broken server would.

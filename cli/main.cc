@@ -27,6 +27,7 @@
 #include "cli/make_tiny_target.h"
 #include "cli/prepare.h"
 #include "cli/pve.h"
+#include "cli/report.h"
 #include "cli/security_flags.h"
 #include "cli/train_synthetic.h"
 #include "common/crc32c.h"
@@ -392,7 +393,17 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   eval->add_flag("--json", eval_options.json, "one JSON object on stdout");
+  eval->add_option("--json-out", eval_options.json_out,
+                   "also write that JSON to this file (flashdraft report --eval)");
   eval->add_flag("--per-prompt", eval_options.per_prompt, "a table row for every prompt");
+
+  CLI::App* report = app.add_subcommand(
+      "report", "One self-contained HTML page of a job: curves, phases, workers, eval, config");
+  flashdraft::ReportOptions report_options;
+  report->add_option("--job", report_options.job_dir, "the job's output_dir (steps.jsonl)")
+      ->required();
+  report->add_option("--eval", report_options.eval, "JSON of `flashdraft eval --json`");
+  report->add_option("--out", report_options.out, "HTML file to write")->required();
 
   CLI::App* status = app.add_subcommand("status", "Ask a running coordinator how the job is going");
   std::string status_address;
@@ -446,6 +457,13 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (check->parsed()) return flashdraft::ConfigCheck(job_path, overrides);
+  if (report->parsed()) {
+    if (absl::Status s = flashdraft::WriteReport(report_options); !s.ok()) {
+      return flashdraft::Fail(s);
+    }
+    std::printf("wrote %s\n", report_options.out.c_str());
+    return 0;
+  }
   if (eval->parsed()) {
     const char* fault = std::getenv("FLASHDRAFT_EVAL_FAULT");
     eval_options.accept_unverified = fault != nullptr && std::string(fault) == "accept-drafts";

@@ -31,8 +31,12 @@ echo
 echo "== flashdraft eval: the trained drafter as a server runs it (greedy speculative decoding)"
 echo "   on 64 held-out prompts it never trained on:"
 build/bin/flashdraft eval --target runs/tiny-target --drafter runs/demo/drafter \
-  --prompts runs/tiny-target/heldout-chats.jsonl --max-new-tokens 64
+  --prompts runs/tiny-target/heldout-chats.jsonl --max-new-tokens 64 --json-out runs/demo/eval.json
 echo
 echo "   and on 64 of the chats it trained on:"
 build/bin/flashdraft eval --target runs/tiny-target --drafter runs/demo/drafter \
   --prompts runs/tiny-target/chats.jsonl --limit 64 --max-new-tokens 64
+echo
+echo "== flashdraft report: the job on one page"
+build/bin/flashdraft report --job runs/demo --eval runs/demo/eval.json --out runs/demo/report.html
+echo "   open runs/demo/report.html in a browser"

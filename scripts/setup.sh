@@ -40,6 +40,8 @@ TEST_PACKAGES=(
   podman runc debootstrap
   # observability: promtool checks the alert rules and live scrapes
   prometheus
+  # the job report's rendering test (headless)
+  chromium
 )
 [[ $TESTS == 1 ]] && PACKAGES+=("${TEST_PACKAGES[@]}")
 

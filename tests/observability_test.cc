@@ -369,5 +369,58 @@ TEST(PrometheusTest, ARealPrometheusScrapesTheJobFromItsTargetFile) {
   }
 }
 
+// `flashdraft report`: one self-contained page of a real (short) job, rendered by headless
+// Chromium: the screenshot is not blank and the charts exist as SVG in the DOM the page's own
+// script built (--dump-dom runs it). Bad input is refused by name.
+TEST(ReportTest, AJobsReportRendersInHeadlessChromium) {
+  TempDir dir;
+  const std::string job = WriteJob(dir, "report", 40, "");
+  ASSERT_FALSE(job.empty());
+  auto run = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", job, " --workers 2"));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::string html = dir.Join("report.html");
+  auto made =
+      RunCommand(absl::StrCat(kBin, "/flashdraft report --job ", dir.Join("out"), " --out ", html));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const std::string page = *ReadFile(html);
+  EXPECT_THAT(page, HasSubstr("<title>report"));
+  EXPECT_EQ(page.find("http://"), page.find("http://www.w3.org/2000/svg"))
+      << "the page fetches nothing";
+  EXPECT_EQ(page.find("https://"), std::string::npos);
+
+  auto missing = RunCommand(
+      absl::StrCat(kBin, "/flashdraft report --job ", dir.path(), " --out ", dir.Join("x.html")));
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_THAT(missing.output, HasSubstr(dir.Join("steps.jsonl") + ": cannot open"));
+  auto bad_eval = RunCommand(absl::StrCat(kBin, "/flashdraft report --job ", dir.Join("out"),
+                                          " --eval ", job, " --out ", dir.Join("x.html")));
+  EXPECT_EQ(bad_eval.exit_code, 1);
+  EXPECT_THAT(bad_eval.output, HasSubstr("not the JSON of `flashdraft eval --json`"));
+
+  if (access("/usr/bin/chromium", X_OK) != 0) {
+    GTEST_SKIP()
+        << "rendering needs /usr/bin/chromium (package chromium; scripts/setup.sh --tests)";
+  }
+  const std::string chromium =
+      "chromium --headless --no-sandbox --disable-gpu --window-size=1200,900 ";
+  auto shot = RunCommand(absl::StrCat("cd ", dir.path(), " && ", chromium,
+                                      "--screenshot=", dir.Join("report.png"), " file://", html));
+  ASSERT_TRUE(std::filesystem::exists(dir.Join("report.png"))) << shot.output;
+  // A blank 1200x900 page compresses to a few KB; four charts, text and colours do not.
+  EXPECT_GT(std::filesystem::file_size(dir.Join("report.png")), 40000u);
+  auto dom = RunCommand(absl::StrCat("cd ", dir.path(), " && ", chromium, "--dump-dom file://",
+                                     html, " 2>/dev/null"));
+  int charts = 0;
+  for (size_t at = 0; (at = dom.output.find("<svg class=\"chart\"", at)) != std::string::npos;
+       ++at) {
+    ++charts;
+  }
+  EXPECT_EQ(charts, 5) << "loss, tau, accuracy, phases, workers";
+  EXPECT_THAT(dom.output, HasSubstr("class=\"bar\""));
+  EXPECT_THAT(dom.output, HasSubstr("class=\"area\""));
+  EXPECT_THAT(dom.output, HasSubstr(">loss (weighted CE, nats)</text>"));
+  EXPECT_THAT(dom.output, HasSubstr(">milliseconds per step</text>"));
+}
+
 }  // namespace
 }  // namespace flashdraft

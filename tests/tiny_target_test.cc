@@ -18,9 +18,9 @@ namespace flashdraft {
 namespace {
 
 using ::flashdraft::testing::RunCommand;
-using ::testing::Not;
 using ::flashdraft::testing::TempDir;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const std::string kCli = FLASHDRAFT_CLI;
 
@@ -180,12 +180,22 @@ train: {max_steps: 24, global_batch_size: 8, learning_rate: 0.003, warmup_ratio:
   ASSERT_EQ(table.exit_code, 0) << table.output;
   EXPECT_THAT(table.output, HasSubstr("acceptance by block position:  1: "));
   EXPECT_THAT(table.output, HasSubstr("lossless: all 6 output(s) equal the target's own greedy"));
+  // The job's report with the evaluation in it (its rendering is ReportTest's).
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("eval.json"), good.output).ok());
+  auto page = RunCommand(absl::StrCat(kCli, " report --job ", dir.Join("run"), " --eval ",
+                                      dir.Join("eval.json"), " --out ", dir.Join("report.html")));
+  ASSERT_EQ(page.exit_code, 0) << page.output;
+  const std::string html = *ReadFile(dir.Join("report.html"));
+  EXPECT_THAT(html, HasSubstr("Evaluation (flashdraft eval)"));
+  EXPECT_THAT(html, HasSubstr("every output equals the target's greedy decoding"));
+  EXPECT_THAT(html, HasSubstr("\"accepted_length_histogram\""));
   // A server that accepted drafts without verifying them: the check catches it.
   auto broken = RunCommand("FLASHDRAFT_EVAL_FAULT=accept-drafts " + eval);
   EXPECT_EQ(broken.exit_code, 1) << broken.output;
-  EXPECT_THAT(broken.output, ::testing::ContainsRegex(
-                                 "lossless check FAILED on [1-6] of 6 prompt\\(s\\): prompt [1-6] "
-                                 "differs at new token [0-9]+: the target's greedy decoding gives"));
+  EXPECT_THAT(
+      broken.output,
+      ::testing::ContainsRegex("lossless check FAILED on [1-6] of 6 prompt\\(s\\): prompt [1-6] "
+                               "differs at new token [0-9]+: the target's greedy decoding gives"));
   // A folder that is not a drafter is refused by name.
   auto other = RunCommand(absl::StrCat(kCli, " eval --target ", dir.Join("tiny"), " --drafter ",
                                        dir.Join("run"), " --prompts ", dir.Join("chats.jsonl")));
