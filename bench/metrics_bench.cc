@@ -71,7 +71,8 @@ int main(int argc, char** argv) {
   size_t coordinator_bytes = 0, worker_bytes = 0;
   const double coordinator_scrape =
       Nanos(scrapes, [&](int64_t) { coordinator_bytes = coordinator.Text().size(); });
-  const double worker_scrape = Nanos(scrapes, [&](int64_t) { worker_bytes = worker.Text().size(); });
+  const double worker_scrape =
+      Nanos(scrapes, [&](int64_t) { worker_bytes = worker.Text().size(); });
   std::printf("metrics cost, block size %d, best of 3 x %lld iterations\n", block_size,
               static_cast<long long>(iterations));
   std::printf("%-52s %12s\n", "what", "time");

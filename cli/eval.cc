@@ -33,35 +33,6 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
-// The exported drafter, checked against the target it drafts for; its frozen tensors are the
-// target's.
-absl::StatusOr<Drafter> LoadDrafter(const std::string& dir, const TargetModel& target) {
-  FD_ASSIGN_OR_RETURN(DrafterModelConfig d, LoadDrafterConfig(dir + "/config.json"));
-  const TargetModelConfig& t = target.config();
-  auto mismatch = [&](const std::string& what, int64_t drafter, int64_t target_value) {
-    return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: ", what, " ", drafter,
-                                                   " does not fit the target's ", target_value));
-  };
-  if (d.hidden_size != t.hidden_size) return mismatch("hidden_size", d.hidden_size, t.hidden_size);
-  if (d.vocab_size != t.vocab_size) return mismatch("vocab_size", d.vocab_size, t.vocab_size);
-  for (int id : d.target_layer_ids) {
-    if (id < 0 || id >= t.num_hidden_layers) {
-      return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: target layer id ", id,
-                                                     " is outside the target's ",
-                                                     t.num_hidden_layers, " layers"));
-    }
-  }
-  if (d.mask_token_id < 0 || d.mask_token_id >= t.vocab_size) {
-    return mismatch("mask_token_id", d.mask_token_id, t.vocab_size);
-  }
-  Drafter drafter(d);
-  FD_ASSIGN_OR_RETURN(auto weights, SafetensorsModel::Open(dir + "/model.safetensors"));
-  FD_RETURN_IF_ERROR(LoadDrafterWeights(*drafter, *weights, /*with_frozen=*/false));
-  drafter->SetFrozen(target.embed_tokens(), target.lm_head());
-  drafter->eval();
-  return drafter;
-}
-
 struct PromptResult {
   int64_t prompt_tokens = 0;
   std::vector<int64_t> greedy, speculative;
@@ -87,7 +58,7 @@ int RunEval(const EvalOptions& o) {
   torch::NoGradGuard no_grad;
   absl::StatusOr<std::unique_ptr<TargetModel>> target = TargetModel::Load(o.target);
   if (!target.ok()) return fail(target.status());
-  absl::StatusOr<Drafter> loaded = LoadDrafter(o.drafter, **target);
+  absl::StatusOr<Drafter> loaded = LoadDrafterForTarget(o.drafter, **target);
   if (!loaded.ok()) return fail(loaded.status());
   Drafter drafter = *loaded;
   const int64_t block = o.block_size > 0 ? o.block_size : drafter->config().block_size;
@@ -97,33 +68,12 @@ int RunEval(const EvalOptions& o) {
                                                         " (the drafter's block size)")));
   }
 
-  // Prompts.
-  std::ifstream in(o.prompts);
-  if (!in) return fail(absl::NotFoundError(absl::StrCat(o.prompts, ": cannot open")));
-  ChatLineReader reader({o.target, "", 1}, **target);
-  std::vector<std::vector<int64_t>> prompts;
-  std::string line;
-  for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    absl::StatusOr<std::vector<int64_t>> prompt =
-        reader.Prompt(line, (*target)->config().vocab_size);
-    if (!prompt.ok()) {
-      return fail(absl::InvalidArgumentError(
-          absl::StrCat(o.prompts, ":", line_no, ": ", prompt.status().message())));
-    }
-    prompts.push_back(*std::move(prompt));
-    if (o.limit > 0 && static_cast<int64_t>(prompts.size()) >= o.limit) break;
-  }
-  if (prompts.empty()) return fail(absl::InvalidArgumentError(o.prompts + ": no prompts"));
-  // Stop tokens: the chat template's end of turn and the tokenizer's end of text, when it has them.
-  const Tokenizer* tokenizer = nullptr;
-  std::vector<int64_t> stops;
-  if (absl::StatusOr<const Tokenizer*> t = reader.ChatTokenizer(); t.ok()) {
-    tokenizer = *t;
-    for (const char* token : {"<|im_end|>", "<|endoftext|>"}) {
-      if (auto id = tokenizer->TokenToId(token)) stops.push_back(*id);
-    }
-  }
+  absl::StatusOr<EvalPrompts> loaded_prompts =
+      LoadEvalPrompts(o.prompts, o.limit, o.target, **target);
+  if (!loaded_prompts.ok()) return fail(loaded_prompts.status());
+  const std::vector<std::vector<int64_t>>& prompts = loaded_prompts->prompts;
+  const std::vector<int64_t>& stops = loaded_prompts->stop_ids;
+  const Tokenizer* tokenizer = loaded_prompts->tokenizer.get();
 
   SpeculativeOptions so;
   so.max_new_tokens = o.max_new_tokens;

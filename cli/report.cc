@@ -152,7 +152,7 @@ if (steps.length) {
   line(tf, steps, tau, '#e5c8b3', 1);
   const [tx, ty] = smooth(steps, tau, 120);
   line(tf, tx, ty, COLORS[1], 2);
-  for (const e of evals) el('circle', {cx: tf.X(e.step), cy: tf.Y(e.tau), r: 4, fill: COLORS[2]}, tf.g);
+  for (const e of evals) el('circle', {cx: tf.X(e.completed_steps), cy: tf.Y(e.tau), r: 4, fill: COLORS[2]}, tf.g);
   legend(tf, ['τ estimate', 'eval τ'].slice(0, evals.length ? 2 : 1), [COLORS[1], COLORS[2]]);
 
   // Accuracy by block position over the last tenth of the steps.

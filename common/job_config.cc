@@ -225,6 +225,11 @@ const std::vector<Field>& Fields() {
       FD_FIELD(checkpoint, keep_last, int, AtLeast(1)),
       FD_FIELD(checkpoint, resume, bool),
 
+      FD_FIELD(eval, every_steps, int, AtLeast(0)),
+      FD_FIELD(eval, prompts, std::string),
+      FD_FIELD(eval, limit, int, Between(1, 1 << 20)),
+      FD_FIELD(eval, max_new_tokens, int64_t, Between<int64_t>(1, int64_t{1} << 20)),
+      FD_FIELD(eval, block_size, int, Between(0, 64)),
       FD_FIELD(metrics, enabled, bool),
       FD_FIELD(metrics, listen, std::string),
       FD_FIELD(metrics, worker_listen, std::string),
@@ -361,6 +366,20 @@ absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
   }
   if (!c.security.client_cert.empty() && c.security.tls_cert.empty()) {
     return Invalid(source, "security.client_cert", "needs security.tls_cert and security.tls_key");
+  }
+  if (c.eval.every_steps > 0) {
+    if (c.eval.prompts.empty()) {
+      return Invalid(source, "eval.prompts", "must be set when eval.every_steps > 0");
+    }
+    if (c.target.path.empty()) {
+      return Invalid(source, "target.path",
+                     "must be set when eval.every_steps > 0 (evaluation runs the target)");
+    }
+    if (c.eval.block_size > c.drafter.block_size) {
+      return Invalid(source, "eval.block_size",
+                     absl::StrCat("= ", c.eval.block_size,
+                                  " exceeds drafter.block_size = ", c.drafter.block_size));
+    }
   }
   auto check_listen = [&source](const char* field, const std::string& listen) -> absl::Status {
     const size_t colon = listen.rfind(':');

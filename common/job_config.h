@@ -114,6 +114,18 @@ struct CheckpointConfig {
   bool resume = false;
 };
 
+// Speculative decoding with the current weights during training (DFLASH.md §5, as `flashdraft
+// eval` runs it) on held-out prompts, every `every_steps` steps (those steps are checkpointed: the
+// coordinator evaluates the checkpoint on its own thread while training goes on). Needs the full
+// target (target.path). Results: "eval" records in steps.jsonl and flashdraft_eval_* metrics.
+struct EvalConfig {
+  int every_steps = 0;  // 0: never
+  std::string prompts;  // JSONL as `flashdraft eval --prompts` reads it
+  int limit = 16;       // the first N prompts
+  int64_t max_new_tokens = 64;
+  int block_size = 0;  // 0: the drafter's
+};
+
 struct MetricsConfig {
   bool enabled = true;
   std::string listen = "127.0.0.1:0";  // the coordinator's /metrics
@@ -157,6 +169,7 @@ struct JobConfig {
   TrainConfig train;
   ClusterConfig cluster;
   CheckpointConfig checkpoint;
+  EvalConfig eval;
   MetricsConfig metrics;
   SecurityConfig security;
 };

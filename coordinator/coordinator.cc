@@ -579,8 +579,50 @@ void Coordinator::StartCheckpoint(uint64_t completed_steps, const std::string& u
       LOG(WARNING) << "checkpoint skipped: " << taken.message();
     } else if (!taken.ok()) {
       Abort(taken);
+    } else if (EvalDue(completed_steps)) {
+      std::string dir;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        dir = last_checkpoint_dir_;
+      }
+      Evaluate(completed_steps, dir);
     }
   });
+}
+
+bool Coordinator::EvalDue(uint64_t completed_steps) const {
+  return evaluator_ && job_.eval.every_steps > 0 &&
+         completed_steps % static_cast<uint64_t>(job_.eval.every_steps) == 0;
+}
+
+void Coordinator::Evaluate(uint64_t completed_steps, const std::string& checkpoint_dir) {
+  const double start = clock_->Now();
+  absl::StatusOr<EvalSummary> eval = evaluator_(checkpoint_dir);
+  if (!eval.ok()) {  // training goes on; the next evaluation may succeed
+    LOG(WARNING) << "evaluation after step " << completed_steps
+                 << " failed: " << eval.status().message();
+    return;
+  }
+  eval->seconds = clock_->Now() - start;
+  metrics_->RecordEval(*eval);
+  std::vector<double> acceptance;
+  for (int64_t n : eval->accepted_per_position) {
+    acceptance.push_back(eval->drafts > 0 ? static_cast<double>(n) / eval->drafts : 0.0);
+  }
+  step_log_->WriteEvent({{"event", "eval"},
+                         {"completed_steps", completed_steps},
+                         {"tau", eval->tau},
+                         {"prompts", eval->prompts},
+                         {"num_drafts", eval->drafts},
+                         {"num_draft_tokens", eval->draft_tokens},
+                         {"num_accepted_tokens", eval->accepted_tokens},
+                         {"acceptance_per_position", acceptance},
+                         {"seconds", eval->seconds},
+                         {"unix_time", UnixSeconds()}});
+  LOG(INFO) << absl::StrFormat(
+      "eval after step %d: tau %.2f on %d prompt(s) (acceptance at position 1: %.2f) in %.1f s",
+      completed_steps, eval->tau, eval->prompts, acceptance.empty() ? 0.0 : acceptance[0],
+      eval->seconds);
 }
 
 void Coordinator::FinishCheckpoint() {
@@ -966,7 +1008,8 @@ absl::Status Coordinator::Run() {
     v1::CoordinatorMessage commit;
     commit.mutable_commit()->set_step(step);
     commit.mutable_commit()->set_membership_epoch(sending_epoch_);
-    const bool checkpoint = !stop.empty() || cadence.Due(step);
+    const bool checkpoint =
+        !stop.empty() || cadence.Due(step) || EvalDue(static_cast<uint64_t>(step + 1));
     commit.mutable_commit()->set_checkpoint(checkpoint);
     // One checkpoint at a time: the previous one is in before this commit asks for the next.
     if (checkpoint) FinishCheckpoint();

@@ -63,9 +63,14 @@ class Coordinator {
   // (coordinator/initial_weights.h); resuming will hand over a checkpoint's instead.
   using WeightsFactory =
       std::function<absl::StatusOr<std::string>(const JobConfig&, const DrafterModelConfig&)>;
+  // Speculative decoding with a checkpoint's weights (eval.every_steps): the coordinator binary's
+  // runs the target (coordinator/evaluator.h); null: the job does not evaluate.
+  using Evaluator = std::function<absl::StatusOr<EvalSummary>(const std::string& checkpoint_dir)>;
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(JobConfig job,
                                                              const WeightsFactory& initial_weights,
                                                              const SourceFactory& open_source = {});
+  // Before Start(): evaluates every eval.every_steps (the job must ask for it).
+  void SetEvaluator(Evaluator evaluator) { evaluator_ = std::move(evaluator); }
   // data.source 'shards' (the default factory).
   static absl::StatusOr<SourceBundle> OpenShardSource(const JobConfig& job);
   ~Coordinator();
@@ -160,6 +165,10 @@ class Coordinator {
   // A finished job's <output_dir>/drafter, from the last step's checkpoint.
   absl::Status ExportFinalDrafter();
   absl::Status TakeCheckpoint(uint64_t completed_steps, const std::string& uploader);
+  // eval.every_steps divides `completed_steps` and an evaluator is set.
+  bool EvalDue(uint64_t completed_steps) const;
+  // Evaluates the checkpoint just written (on the checkpoint thread): steps.jsonl and /metrics.
+  void Evaluate(uint64_t completed_steps, const std::string& checkpoint_dir);
   // Resumes from the newest checkpoint (checkpoint.resume): its weights and optimizer state become
   // what FetchTensors serves, steps.jsonl keeps the records before it. False when there is none.
   absl::StatusOr<bool> Resume();
@@ -175,6 +184,7 @@ class Coordinator {
   std::shared_ptr<const SafetensorsModel> optimizer_state_;  // when resumed from a checkpoint
   std::unique_ptr<CheckpointStore> checkpoints_;
   std::unique_ptr<CoordinatorMetrics> metrics_;
+  Evaluator evaluator_;
   int64_t start_step_ = 0;  // the first step this run trains (> 0 when resumed)
   std::unique_ptr<Scheduler> scheduler_;
   double gamma_ = 7.0;

@@ -11,6 +11,7 @@
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/evaluator.h"
 #include "coordinator/initial_weights.h"
 #include "coordinator/sources/target_source.h"
 
@@ -61,6 +62,11 @@ int main(int argc, char** argv) {
         return flashdraft::Coordinator::OpenShardSource(j);
       });
   if (!coordinator.ok()) return Fail(coordinator.status());
+  if (job->eval.every_steps > 0) {
+    absl::StatusOr<flashdraft::Coordinator::Evaluator> evaluator = flashdraft::MakeEvaluator(*job);
+    if (!evaluator.ok()) return Fail(evaluator.status());
+    (*coordinator)->SetEvaluator(*std::move(evaluator));
+  }
   absl::Status started = (*coordinator)->Start();
   if (!started.ok()) return Fail(started);
   if (!port_file.empty()) {

@@ -56,6 +56,27 @@ CoordinatorMetrics::CoordinatorMetrics(const std::string& backend, int64_t total
   checkpoint_last_success_ =
       &exporter_.Gauge("flashdraft_checkpoint_last_success_timestamp_seconds",
                        "Unix time of the last checkpoint written");
+  eval_drafts_ = &exporter_.Counter("flashdraft_eval_num_drafts_total",
+                                    "Evaluation during training: verify cycles (vLLM num_drafts)");
+  eval_draft_tokens_ =
+      &exporter_.Counter("flashdraft_eval_num_draft_tokens_total",
+                         "Evaluation during training: drafted tokens proposed (vLLM "
+                         "num_draft_tokens)");
+  eval_accepted_tokens_ =
+      &exporter_.Counter("flashdraft_eval_num_accepted_tokens_total",
+                         "Evaluation during training: drafted tokens accepted (vLLM "
+                         "num_accepted_tokens)");
+  for (int k = 1; k < block_size; ++k) {
+    eval_accepted_per_position_.push_back(&exporter_.Counter(
+        "flashdraft_eval_num_accepted_tokens_per_pos_total",
+        "Evaluation during training: cycles that accepted the drafted token at each position "
+        "(vLLM num_accepted_tokens_per_pos)",
+        {{"position", std::to_string(k)}}));
+  }
+  eval_tau_ = &exporter_.Gauge("flashdraft_eval_tau",
+                               "Mean accepted tokens per verify cycle of the last evaluation");
+  eval_seconds_ = &exporter_.Gauge("flashdraft_eval_duration_seconds",
+                                   "Wall time of the last evaluation during training");
 }
 
 void CoordinatorMetrics::RecordStep(const StepRecord& r) {
@@ -98,6 +119,18 @@ void CoordinatorMetrics::AddStreamBytes(uint64_t bytes) {
 void CoordinatorMetrics::RecordCheckpoint(double seconds, double unix_time) {
   checkpoint_seconds_->Set(seconds);
   checkpoint_last_success_->Set(unix_time);
+}
+
+void CoordinatorMetrics::RecordEval(const EvalSummary& e) {
+  eval_drafts_->Increment(static_cast<double>(e.drafts));
+  eval_draft_tokens_->Increment(static_cast<double>(e.draft_tokens));
+  eval_accepted_tokens_->Increment(static_cast<double>(e.accepted_tokens));
+  for (size_t k = 0; k < eval_accepted_per_position_.size() && k < e.accepted_per_position.size();
+       ++k) {
+    eval_accepted_per_position_[k]->Increment(static_cast<double>(e.accepted_per_position[k]));
+  }
+  eval_tau_->Set(e.tau);
+  eval_seconds_->Set(e.seconds);
 }
 
 }  // namespace flashdraft

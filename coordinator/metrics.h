@@ -13,6 +13,19 @@ namespace flashdraft {
 
 struct StepRecord;
 
+// What one evaluation during training measured (coordinator/evaluator.h), in the meaning of vLLM's
+// speculative-decoding counters, so dashboards compute acceptance the same way for training and
+// for serving.
+struct EvalSummary {
+  int prompts = 0;
+  int64_t drafts = 0;           // verify cycles
+  int64_t draft_tokens = 0;     // drafted tokens proposed: cycles × (block − 1)
+  int64_t accepted_tokens = 0;  // drafted tokens accepted (the target's own token not counted)
+  std::vector<int64_t> accepted_per_position;  // cycles that accepted drafted token k = 1 .. B−1
+  double tau = 0;      // mean over prompts of the mean tokens per cycle (DFLASH.md §5)
+  double seconds = 0;  // wall time of the evaluation
+};
+
 class CoordinatorMetrics {
  public:
   // `backend` and `security` (ServerSecurity::description()): labels of flashdraft_build_info.
@@ -36,6 +49,7 @@ class CoordinatorMetrics {
   void SetMissingWorkers(int missing);
   void AddStreamBytes(uint64_t bytes);  // Train-stream bytes queued to workers
   void RecordCheckpoint(double seconds, double unix_time);
+  void RecordEval(const EvalSummary& eval);
 
   // The exposition text of everything, as a scrape returns it (tests, `flashdraft status`).
   std::string Text() const { return exporter_.Text(); }
@@ -62,6 +76,12 @@ class CoordinatorMetrics {
   prometheus::Counter* stream_bytes_;
   prometheus::Gauge* checkpoint_seconds_;
   prometheus::Gauge* checkpoint_last_success_;
+  prometheus::Counter* eval_drafts_;
+  prometheus::Counter* eval_draft_tokens_;
+  prometheus::Counter* eval_accepted_tokens_;
+  std::vector<prometheus::Counter*> eval_accepted_per_position_;  // positions 1..B-1
+  prometheus::Gauge* eval_tau_;
+  prometheus::Gauge* eval_seconds_;
 };
 
 }  // namespace flashdraft

@@ -56,6 +56,32 @@ TEST(CoordinatorMetricsTest, StepsSetGaugesCountersAndHistograms) {
   EXPECT_THAT(text, HasSubstr("flashdraft_stream_bytes_total{direction=\"sent\"} 4096\n"));
 }
 
+// Evaluations add to vLLM-style counters (each evaluation's cycles, drafted and accepted tokens,
+// per position) and set the last τ.
+TEST(CoordinatorMetricsTest, EvaluationsCountLikeVllmsSpecDecodeCounters) {
+  CoordinatorMetrics m("gloo", 30, 4);
+  EvalSummary e;
+  e.prompts = 2;
+  e.drafts = 10;
+  e.draft_tokens = 30;
+  e.accepted_tokens = 12;
+  e.accepted_per_position = {7, 4, 1};
+  e.tau = 2.2;
+  e.seconds = 0.5;
+  m.RecordEval(e);
+  e.tau = 2.5;
+  m.RecordEval(e);
+  const std::string text = m.Text();
+  EXPECT_THAT(text, HasSubstr("flashdraft_eval_num_drafts_total 20\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_eval_num_draft_tokens_total 60\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_eval_num_accepted_tokens_total 24\n"));
+  EXPECT_THAT(text,
+              HasSubstr("flashdraft_eval_num_accepted_tokens_per_pos_total{position=\"1\"} 14\n"));
+  EXPECT_THAT(text,
+              HasSubstr("flashdraft_eval_num_accepted_tokens_per_pos_total{position=\"3\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("flashdraft_eval_tau 2.5\n"));
+}
+
 // A real scrape over HTTP of what Serve() exposes.
 TEST(CoordinatorMetricsTest, ServesTheTextOverHttp) {
   CoordinatorMetrics m("gloo", 30, 4);

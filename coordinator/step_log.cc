@@ -48,6 +48,7 @@ absl::StatusOr<StepLog> StepLog::Open(const std::string& path, int64_t resume_st
 }
 
 void StepLog::WriteLine(const std::string& line) {
+  std::lock_guard<std::mutex> lock(*mu_);
   file_ << line << "\n";
   file_.flush();
 }

@@ -5,10 +5,13 @@
 
 #include <cstdint>
 #include <fstream>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 
 namespace flashdraft {
@@ -47,7 +50,8 @@ class StepLog {
   static absl::StatusOr<StepLog> Open(const std::string& path, int64_t resume_step = 0);
 
   void Write(const StepRecord& record);
-  // A membership change or another event (it carries its own "event" key).
+  // A membership change or another event (it carries its own "event" key). Write and WriteEvent
+  // may be called from several threads (an evaluation writes from the checkpoint thread).
   void WriteEvent(const nlohmann::json& event);
   const std::string& path() const { return path_; }
 
@@ -56,7 +60,8 @@ class StepLog {
   void WriteLine(const std::string& line);
 
   std::string path_;
-  std::ofstream file_;
+  std::unique_ptr<std::mutex> mu_ = std::make_unique<std::mutex>();  // movable StepLog
+  std::ofstream file_ ABSL_GUARDED_BY(*mu_);
 };
 
 }  // namespace flashdraft

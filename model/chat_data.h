@@ -38,8 +38,6 @@ class ChatLineReader {
   // assistant turn, rendered with the generation prompt; a tokenized line's ids before its first
   // loss position (all of them when it has none).
   absl::StatusOr<std::vector<int64_t>> Prompt(const std::string& line, int64_t vocab);
-  // The tokenizer of chat lines (loaded on first use).
-  absl::StatusOr<const Tokenizer*> ChatTokenizer() { return GetTokenizer(); }
 
  private:
   // The tokenizer, loaded on the first chat line.

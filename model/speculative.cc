@@ -1,10 +1,13 @@
 #include "model/speculative.h"
 
 #include <algorithm>
+#include <fstream>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "model/chat_data.h"
 
 namespace flashdraft {
 namespace {
@@ -23,6 +26,63 @@ double SpeculativeResult::Tau() const {
   if (accepted.empty()) return 0;
   return static_cast<double>(std::accumulate(accepted.begin(), accepted.end(), int64_t{0})) /
          static_cast<double>(accepted.size());
+}
+
+absl::StatusOr<Drafter> LoadDrafterForTarget(const std::string& dir, const TargetModel& target) {
+  FD_ASSIGN_OR_RETURN(DrafterModelConfig d, LoadDrafterConfig(dir + "/config.json"));
+  const TargetModelConfig& t = target.config();
+  auto mismatch = [&](const std::string& what, int64_t drafter, int64_t target_value) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: ", what, " ", drafter,
+                                                   " does not fit the target's ", target_value));
+  };
+  if (d.hidden_size != t.hidden_size) return mismatch("hidden_size", d.hidden_size, t.hidden_size);
+  if (d.vocab_size != t.vocab_size) return mismatch("vocab_size", d.vocab_size, t.vocab_size);
+  for (int id : d.target_layer_ids) {
+    if (id < 0 || id >= t.num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: target layer id ", id,
+                                                     " is outside the target's ",
+                                                     t.num_hidden_layers, " layers"));
+    }
+  }
+  if (d.mask_token_id < 0 || d.mask_token_id >= t.vocab_size) {
+    return mismatch("mask_token_id", d.mask_token_id, t.vocab_size);
+  }
+  Drafter drafter(d);
+  FD_ASSIGN_OR_RETURN(auto weights, SafetensorsModel::Open(dir + "/model.safetensors"));
+  FD_RETURN_IF_ERROR(LoadDrafterWeights(*drafter, *weights, /*with_frozen=*/false));
+  drafter->SetFrozen(target.embed_tokens(), target.lm_head());
+  drafter->eval();
+  return drafter;
+}
+
+absl::StatusOr<EvalPrompts> LoadEvalPrompts(const std::string& path, int64_t limit,
+                                            const std::string& target_dir,
+                                            const TargetModel& target) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  EvalPrompts out;
+  ChatLineReader reader({target_dir, "", 1}, target);
+  std::string line;
+  for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    absl::StatusOr<std::vector<int64_t>> prompt = reader.Prompt(line, target.config().vocab_size);
+    if (!prompt.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", line_no, ": ", prompt.status().message()));
+    }
+    out.prompts.push_back(*std::move(prompt));
+    if (limit > 0 && static_cast<int64_t>(out.prompts.size()) >= limit) break;
+  }
+  if (out.prompts.empty()) return absl::InvalidArgumentError(path + ": no prompts");
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
+      Tokenizer::FromFile(target_dir + "/tokenizer.json");
+  if (tokenizer.ok()) {
+    for (const char* token : {"<|im_end|>", "<|endoftext|>"}) {
+      if (auto id = (*tokenizer)->TokenToId(token)) out.stop_ids.push_back(*id);
+    }
+    out.tokenizer = *std::move(tokenizer);
+  }
+  return out;
 }
 
 absl::StatusOr<SpeculativeResult> SpeculativeGenerate(const TargetModel& target,

@@ -7,9 +7,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/tokenizer.h"
 #include "model/drafter.h"
 #include "model/target_model.h"
 
@@ -30,6 +33,23 @@ struct SpeculativeResult {
   // The mean of `accepted` (τ of this prompt); 0 without cycles.
   double Tau() const;
 };
+
+// An exported (or published) drafter folder — config.json + model.safetensors — checked against
+// the target it drafts for (hidden size, vocabulary, layer ids, mask token; errors name the file
+// and the field), with the target's embedding and lm_head as its frozen tensors.
+absl::StatusOr<Drafter> LoadDrafterForTarget(const std::string& dir, const TargetModel& target);
+
+// Evaluation prompts from JSONL in the forms `prepare` reads (ChatLineReader::Prompt), and the
+// tokens that end an answer (<|im_end|>, <|endoftext|> when the target's tokenizer has them).
+struct EvalPrompts {
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<int64_t> stop_ids;
+  std::unique_ptr<Tokenizer> tokenizer;  // the target's; null without a tokenizer.json
+};
+// The first `limit` prompts (0: all); errors name the file and line.
+absl::StatusOr<EvalPrompts> LoadEvalPrompts(const std::string& path, int64_t limit,
+                                            const std::string& target_dir,
+                                            const TargetModel& target);
 
 // The drafter's target_layer_ids select the target features it reads.
 absl::StatusOr<SpeculativeResult> SpeculativeGenerate(const TargetModel& target,

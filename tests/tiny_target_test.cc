@@ -135,18 +135,21 @@ TEST(OnlineTargetTest, TwoWorkersTrainOnHiddenStatesComputedOnline) {
     chats << j.dump() << "\n";
   }
   chats.close();
-  ASSERT_TRUE(WriteFileAtomically(dir.Join("job.yaml"),
-                                  absl::StrCat(R"(
+  ASSERT_TRUE(
+      WriteFileAtomically(dir.Join("job.yaml"),
+                          absl::StrCat(R"(
 output_dir: )",
-                                               dir.Join("run"), R"(
+                                       dir.Join("run"), R"(
 target: {path: )",
-                                               dir.Join("tiny"), R"(, layer_ids: [0, 1]}
+                                       dir.Join("tiny"), R"(, layer_ids: [0, 1]}
 drafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, max_anchors: 16}
 data: {source: target, jsonl: )",
-                                               dir.Join("chats.jsonl"), R"(}
+                                       dir.Join("chats.jsonl"), R"(}
 train: {max_steps: 24, global_batch_size: 8, learning_rate: 0.003, warmup_ratio: 0.1}
+eval: {every_steps: 12, prompts: )",
+                                       dir.Join("chats.jsonl"), R"(, limit: 2, max_new_tokens: 16}
 )"))
-                  .ok());
+          .ok());
   auto run = RunCommand(absl::StrCat(kCli, " launch ", dir.Join("job.yaml"), " --workers 2"));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("job finished: 24 steps"));
@@ -155,6 +158,20 @@ train: {max_steps: 24, global_batch_size: 8, learning_rate: 0.003, warmup_ratio:
     losses.push_back(step["loss"].get<double>());
   }
   ASSERT_EQ(losses.size(), 24u);
+  // Evaluated during training, after steps 12 and 24, on the checkpoints of those steps.
+  const std::vector<nlohmann::json> evals =
+      ::flashdraft::testing::ReadEvents(dir.Join("run/steps.jsonl"), "eval");
+  ASSERT_EQ(evals.size(), 2u);
+  EXPECT_EQ(evals[0]["completed_steps"], 12);
+  EXPECT_EQ(evals[1]["completed_steps"], 24);
+  for (const auto& e : evals) {
+    EXPECT_EQ(e["prompts"], 2);
+    EXPECT_GE(e["tau"].get<double>(), 1.0);
+    EXPECT_GT(e["num_drafts"].get<int64_t>(), 0);
+    EXPECT_EQ(e["num_draft_tokens"].get<int64_t>(), 7 * e["num_drafts"].get<int64_t>());
+    EXPECT_EQ(e["acceptance_per_position"].size(), 7u);
+  }
+  EXPECT_THAT(run.output, HasSubstr("eval after step 24: tau "));
   const double first = (losses[0] + losses[1] + losses[2]) / 3;
   const double last = (losses[21] + losses[22] + losses[23]) / 3;
   EXPECT_LT(last, first - 0.3) << "first " << first << " last " << last;

@@ -252,7 +252,11 @@ std::vector<nlohmann::json> ReadRecordsWith(const std::string& path, const char*
 }  // namespace
 
 std::vector<nlohmann::json> ReadSteps(const std::string& path) {
-  return ReadRecordsWith(path, "step");
+  std::vector<nlohmann::json> out;
+  for (nlohmann::json& r : ReadRecordsWith(path, "step")) {
+    if (!r.contains("event")) out.push_back(std::move(r));
+  }
+  return out;
 }
 
 std::vector<nlohmann::json> ReadEvents(const std::string& path, const std::string& kind) {
