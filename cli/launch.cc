@@ -14,10 +14,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/file_util.h"
 #include "common/job_config.h"
 #include "common/security.h"
@@ -65,6 +68,51 @@ bool Spawn(Child& child, const std::vector<std::string>& argv) {
   child.pid = pid;
   child.out_fd = fds[0];
   return true;
+}
+
+// `flashdraft-worker --probe`: what the worker binary can run, "key: value" per line.
+std::map<std::string, std::string> ProbeWorkerBinary(const std::string& worker_bin) {
+  std::map<std::string, std::string> out;
+  FILE* p = popen((worker_bin + " --probe 2>/dev/null").c_str(), "r");
+  if (p == nullptr) return out;
+  char line[1024];
+  while (std::fgets(line, sizeof(line), p) != nullptr) {
+    std::string l(line);
+    while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
+    const size_t colon = l.find(": ");
+    if (colon != std::string::npos) out[l.substr(0, colon)] = l.substr(colon + 2);
+  }
+  pclose(p);
+  return out;
+}
+
+// A GPU job (cluster.backend nccl, worker.device cuda) needs a worker built for it and one GPU per
+// worker here (NCCL refuses two ranks on one GPU). Empty when it can run.
+std::string GpuJobProblem(const JobConfig& job, const std::string& worker_bin, int workers) {
+  const bool nccl = job.cluster.backend == "nccl", cuda = job.worker.device == "cuda";
+  if (!nccl && !cuda) return "";
+  std::map<std::string, std::string> probe = ProbeWorkerBinary(worker_bin);
+  if (probe.empty()) return absl::StrCat(worker_bin, " --probe gave no answer");
+  const std::vector<std::string> backends = absl::StrSplit(probe["backends"], ',');
+  if (nccl && std::find(backends.begin(), backends.end(), "nccl") == backends.end()) {
+    return "cluster.backend nccl needs a flashdraft-worker built with the GPU path "
+           "(-DFLASHDRAFT_WITH_CUDA=ON); this one has only " +
+           probe["backends"];
+  }
+  if (cuda && probe["torch_cuda"] != "yes") {
+    return "worker.device cuda needs a flashdraft-worker linked against a CUDA LibTorch (this "
+           "one's LibTorch has no CUDA; scripts/gpu-check.sh builds against one)";
+  }
+  int devices = 0;
+  if (!absl::SimpleAtoi(probe["cuda_devices"], &devices) || devices == 0) {
+    return absl::StrCat("cluster.backend nccl needs a GPU per worker and none is usable here",
+                        probe.count("cuda") ? absl::StrCat(": ", probe["cuda"]) : "");
+  }
+  if (workers > devices) {
+    return absl::StrCat("--workers ", workers, " but ", devices,
+                        " GPU(s) visible: NCCL needs one GPU per worker");
+  }
+  return "";
 }
 
 std::string BinDir() {
@@ -128,6 +176,9 @@ int Launch(const LaunchOptions& o) {
   const std::string worker_bin = bin + "/flashdraft-worker";
   for (const std::string& b : {coordinator_bin, worker_bin}) {
     if (access(b.c_str(), X_OK) != 0) return fail(absl::StrCat(b, " not found next to flashdraft"));
+  }
+  if (std::string problem = GpuJobProblem(*job, worker_bin, o.workers); !problem.empty()) {
+    return fail(problem);
   }
 
   struct sigaction sa {};
@@ -227,6 +278,10 @@ int Launch(const LaunchOptions& o) {
   for (int r = 0; r < o.workers; ++r) {
     std::vector<std::string> argv = {worker_bin, "--coordinator", absl::StrCat("127.0.0.1:", port),
                                      "--id", absl::StrCat("worker-", r)};
+    if (job->cluster.backend == "nccl") {  // worker r on the r-th visible GPU
+      argv.push_back("--cuda-device");
+      argv.push_back(absl::StrCat(r));
+    }
     argv.insert(argv.end(), worker_security.begin(), worker_security.end());
     if (worker_metrics) {
       argv.push_back("--metrics-port-file");

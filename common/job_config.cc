@@ -174,6 +174,7 @@ const std::vector<Field>& Fields() {
       FD_FIELD(target, path, std::string),
       FD_FIELD(target, layer_ids, std::vector<int>),
       FD_FIELD(target, dtype, std::string, OneOf({"float32", "bfloat16"})),
+      FD_FIELD(target, device, std::string, OneOf({"cpu", "cuda"})),
 
       FD_FIELD(drafter, num_hidden_layers, int, Between(1, 64)),
       FD_FIELD(drafter, block_size, int, Between(2, 64)),
@@ -206,6 +207,7 @@ const std::vector<Field>& Fields() {
       FD_FIELD(train, intra_op_threads, int, Between(1, 1024)),
       FD_FIELD(train, deterministic_reduction, bool),
       FD_FIELD(train, virtual_shards, int, Between(0, 1 << 16)),
+      FD_FIELD(train, precision, std::string, OneOf({"fp32", "bf16"})),
 
       FD_FIELD(cluster, listen, std::string),
       FD_FIELD(cluster, min_workers, int, Between(1, 100000)),
@@ -218,6 +220,8 @@ const std::vector<Field>& Fields() {
       FD_FIELD(cluster, join_timeout_seconds, double, Positive()),
       FD_FIELD(cluster, stall_timeout_seconds, double, Positive()),
       FD_FIELD(cluster, allreduce_bucket_mib, double, Between(0.001, 4096.0)),
+
+      FD_FIELD(worker, device, std::string, OneOf({"cpu", "cuda"})),
 
       FD_FIELD(checkpoint, dir, std::string),
       FD_FIELD(checkpoint, every_steps, int, AtLeast(0)),
@@ -308,6 +312,11 @@ absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
     return Invalid(source, "train.virtual_shards",
                    absl::StrCat("= ", c.train.virtual_shards, " is below cluster.max_workers = ",
                                 c.cluster.max_workers, ": every worker needs at least one shard"));
+  }
+  if (c.worker.device == "cuda" && c.cluster.backend != "nccl") {
+    return Invalid(source, "worker.device",
+                   absl::StrCat("= cuda needs cluster.backend: nccl (it is ", c.cluster.backend,
+                                "; Gloo sums host memory)"));
   }
   if (c.cluster.max_workers < c.cluster.min_workers) {
     return Invalid(source, "cluster.max_workers",
@@ -432,6 +441,10 @@ std::string JobFingerprint(const JobConfig& c) {
   same.train.intra_op_threads = 1;
   same.train.deterministic_reduction = true;
   same.train.virtual_shards = 0;
+  // Where and in which precision the arithmetic runs: weights and optimizer state are fp32 either
+  // way, so a run may resume on other devices or in the other precision.
+  same.train.precision = "fp32";
+  same.target.device = "cpu";
   const std::string yaml = JobConfigToYaml(same);
   return absl::StrFormat("%08x", Crc32c(yaml.data(), yaml.size()));
 }

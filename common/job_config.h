@@ -18,8 +18,12 @@ struct TargetConfig {
   // Decoder layers whose outputs condition the drafter (layer id i = output of decoder layer i).
   // Empty: computed from the drafter's num_target_features and the target's layer count.
   std::vector<int> layer_ids;
-  // "float32" | "bfloat16": the dtype the target runs in and hidden states travel in.
+  // "float32" | "bfloat16": the dtype hidden states travel in, and the target runs in on a GPU
+  // (target.device: cuda; on CPUs it runs in fp32).
   std::string dtype = "bfloat16";
+  // "cpu" | "cuda": where the coordinator runs the online target (data.source: target). cuda: the
+  // first visible GPU; a target that does not fit it is refused, naming the memory it needs.
+  std::string device = "cpu";
 };
 
 struct DrafterConfig {
@@ -81,13 +85,17 @@ struct TrainConfig {
   // larger. Must be >= cluster.max_workers; changing it changes the numbers (another summation
   // tree, other batch shapes).
   int virtual_shards = 0;
+  // "fp32" | "bf16": the drafter's matrix products in bf16 (fp32 master weights, optimizer state,
+  // norms, softmax and loss; model/precision.h). Hidden states travel in target.dtype either way.
+  std::string precision = "fp32";
 };
 
 struct ClusterConfig {
   std::string listen = "127.0.0.1:0";
   int min_workers = 1;
   int max_workers = 1;
-  std::string backend = "gloo";  // "gloo" | "nccl"
+  // "gloo" (CPUs) | "nccl" (GPUs; workers built with -DFLASHDRAFT_WITH_CUDA=ON, one GPU each).
+  std::string backend = "gloo";
   // Network interface for collective traffic (Gloo/NCCL are unauthenticated: keep it private).
   std::string collective_interface;
   double heartbeat_interval_seconds = 2.0;
@@ -99,6 +107,13 @@ struct ClusterConfig {
   double stall_timeout_seconds = 300.0;
   // Gradients are summed in buckets of this size, each starting while backward still runs.
   double allreduce_bucket_mib = 4.0;
+};
+
+struct WorkerConfig {
+  // "cpu" | "cuda": where each worker trains. cuda: cuda:<local rank> (launch and the deploy
+  // scripts give each worker its own GPU: --cuda-device, LOCAL_RANK or CUDA_VISIBLE_DEVICES); needs
+  // cluster.backend: nccl and a LibTorch built with CUDA.
+  std::string device = "cpu";
 };
 
 struct CheckpointConfig {
@@ -168,6 +183,7 @@ struct JobConfig {
   DataConfig data;
   TrainConfig train;
   ClusterConfig cluster;
+  WorkerConfig worker;
   CheckpointConfig checkpoint;
   EvalConfig eval;
   MetricsConfig metrics;

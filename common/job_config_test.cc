@@ -23,6 +23,8 @@ TEST(JobConfigTest, ExampleJobFileLoads) {
   EXPECT_EQ(config->target.layer_ids, (std::vector<int>{1, 9, 17, 25, 33}));
   EXPECT_EQ(config->drafter.block_size, 16);
   EXPECT_EQ(config->cluster.backend, "nccl");
+  EXPECT_EQ(config->worker.device, "cuda");
+  EXPECT_EQ(config->train.precision, "bf16");
   EXPECT_DOUBLE_EQ(config->train.learning_rate, 6e-4);
 }
 
@@ -116,6 +118,12 @@ TEST(JobConfigTest, BadInputNamesFileFieldAndValue) {
        "field 'train.learning_rate' = -0.1 must be > 0"},
       {"bad enum", base + "cluster: {backend: mpi}\n",
        "field 'cluster.backend' = mpi must be one of: gloo, nccl"},
+      {"bad precision", base + "train: {precision: fp16}\n",
+       "field 'train.precision' = fp16 must be one of: fp32, bf16"},
+      {"bad device", base + "worker: {device: tpu}\n",
+       "field 'worker.device' = tpu must be one of: cpu, cuda"},
+      {"cuda over gloo", base + "worker: {device: cuda}\n",
+       "field 'worker.device' = cuda needs cluster.backend: nccl (it is gloo"},
       {"list expected", base + "target: {layer_ids: 3}\n",
        "field 'target.layer_ids' must be a list of integers, got '3'"},
       {"bool expected", base + "metrics: {enabled: maybe}\n",

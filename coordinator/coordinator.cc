@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/chunk_wire.h"
 #include "common/file_util.h"
 #include "common/grpc_options.h"
@@ -73,13 +74,6 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
     JobConfig job, const WeightsFactory& initial_weights, const SourceFactory& open_source) {
   if (!initial_weights) {
     return absl::InvalidArgumentError("Coordinator::Create needs a drafter weight initializer");
-  }
-  if (job.cluster.backend != "gloo") {
-    // Workers would silently run Gloo: refuse what is not built yet.
-    return absl::UnimplementedError(absl::StrCat(
-        "cluster.backend '", job.cluster.backend,
-        "' is not available in this build: workers sum gradients with Gloo only (the NCCL "
-        "collective comes with the GPU backend); set cluster.backend: gloo"));
   }
   std::unique_ptr<Coordinator> c(new Coordinator());
   c->job_ = std::move(job);
@@ -304,6 +298,18 @@ void Coordinator::Join(const v1::JoinRequest& request, v1::JoinReply* reply) {
     return refuse(absl::StrCat("protocol version ", request.protocol_version(),
                                " is not this coordinator's version ",
                                static_cast<int>(v1::PROTOCOL_VERSION_CURRENT)));
+  }
+  // A worker tells the collectives it was built with ("gloo" or "gloo,nccl"; none said: gloo).
+  const std::string& offered =
+      request.capability().backend().empty() ? "gloo" : request.capability().backend();
+  const std::vector<std::string> backends = absl::StrSplit(offered, ',');
+  if (std::find(backends.begin(), backends.end(), job_.cluster.backend) == backends.end()) {
+    return refuse(absl::StrCat("the job sums gradients over ", job_.cluster.backend,
+                               " (cluster.backend) and this worker has only '", Untrusted(offered),
+                               "'",
+                               job_.cluster.backend == "nccl"
+                                   ? ": build it with -DFLASHDRAFT_WITH_CUDA=ON on a GPU machine"
+                                   : ""));
   }
   if (request.has_model_shape()) {
     const v1::ModelShape& s = request.model_shape();

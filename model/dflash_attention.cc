@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "model/precision.h"
+
 namespace flashdraft {
 namespace {
 
@@ -15,10 +17,13 @@ struct Chunk {
 struct Dims {
   int64_t b, h, nb, d, s, n, block;
   double scale;
+  torch::ScalarType compute;
 };
 
-Dims DimsOf(const torch::Tensor& q, const torch::Tensor& kc, int64_t block) {
+Dims DimsOf(const torch::Tensor& q, const torch::Tensor& kc, int64_t block,
+            torch::ScalarType compute = torch::kFloat32) {
   Dims m;
+  m.compute = compute;
   m.b = q.size(0);
   m.h = q.size(1);
   m.nb = q.size(2);
@@ -64,10 +69,10 @@ std::pair<torch::Tensor, torch::Tensor> ChunkProbs(
   // Strict bound: the anchor token itself is the block's first slot, not context.
   const torch::Tensor ctx_allowed =
       (kv.view({1, 1, -1}) < a_rows.unsqueeze(-1)).logical_and(keep_rows.unsqueeze(-1));
-  torch::Tensor sc = torch::matmul(qs, kc.narrow(2, 0, c.kv_end).transpose(-1, -2)) * m.scale;
+  torch::Tensor sc = MatmulIn(m.compute, qs, kc.narrow(2, 0, c.kv_end).transpose(-1, -2)) * m.scale;
   sc = sc.masked_fill(ctx_allowed.unsqueeze(1).logical_not(), -INFINITY);
   const torch::Tensor qblk = qs.view({m.b, m.h, c.nc, m.block, m.d});
-  torch::Tensor sb = torch::matmul(qblk, kbs.transpose(-1, -2)) * m.scale;
+  torch::Tensor sb = MatmulIn(m.compute, qblk, kbs.transpose(-1, -2)) * m.scale;
   sb = sb.masked_fill(keep_chunk.view({m.b, 1, c.nc, 1, 1}).logical_not(), -INFINITY);
   const torch::Tensor all = torch::cat({sc, sb.view({m.b, m.h, rows, m.block})}, -1);
   torch::Tensor lse;
@@ -90,8 +95,8 @@ class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFu
                                const torch::Tensor& kc, const torch::Tensor& vc,
                                const torch::Tensor& kb, const torch::Tensor& vb,
                                const torch::Tensor& anchors, const torch::Tensor& keep,
-                               int64_t block, int64_t chunk_score_bytes) {
-    const Dims m = DimsOf(q, kc, block);
+                               int64_t block, int64_t chunk_score_bytes, int64_t compute) {
+    const Dims m = DimsOf(q, kc, block, static_cast<torch::ScalarType>(compute));
     torch::Tensor out = torch::empty_like(q);
     torch::Tensor lse = torch::empty({m.b, m.h, m.nb}, q.options());
     for (const Chunk& c : PlanChunks(m, anchors, chunk_score_bytes)) {
@@ -103,14 +108,15 @@ class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFu
           vb.narrow(2, c.j0 * m.block, rows).view({m.b, m.h, c.nc, m.block, m.d});
       torch::Tensor lse_chunk;
       auto [pc, pb] = ChunkProbs(m, c, qs, kc, kbs, anchors, keep, nullptr, &lse_chunk);
-      torch::Tensor o = torch::matmul(pc, vc.narrow(2, 0, c.kv_end)) +
-                        torch::matmul(pb, vbs).view({m.b, m.h, rows, m.d});
+      torch::Tensor o = MatmulIn(m.compute, pc, vc.narrow(2, 0, c.kv_end)) +
+                        MatmulIn(m.compute, pb, vbs).view({m.b, m.h, rows, m.d});
       out.narrow(2, c.j0 * m.block, rows).copy_(o);
       lse.narrow(2, c.j0 * m.block, rows).copy_(lse_chunk);
     }
     ctx->save_for_backward({q, kc, vc, kb, vb, anchors, keep, out, lse});
     ctx->saved_data["block"] = block;
     ctx->saved_data["chunk_score_bytes"] = chunk_score_bytes;
+    ctx->saved_data["compute"] = compute;
     return out;
   }
 
@@ -121,7 +127,8 @@ class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFu
                         &vb = saved[4], &anchors = saved[5], &keep = saved[6], &out = saved[7],
                         &lse = saved[8];
     const int64_t block = ctx->saved_data["block"].toInt();
-    const Dims m = DimsOf(q, kc, block);
+    const Dims m =
+        DimsOf(q, kc, block, static_cast<torch::ScalarType>(ctx->saved_data["compute"].toInt()));
     const torch::Tensor d_out = grads[0].contiguous();
     torch::Tensor dq = torch::zeros_like(q), dkc = torch::zeros_like(kc),
                   dvc = torch::zeros_like(vc), dkb = torch::zeros_like(kb),
@@ -139,21 +146,31 @@ class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFu
       const torch::Tensor dob = dos.view({m.b, m.h, c.nc, m.block, m.d});
       // softmax backward: dS = P ⊙ (dP − rowsum(dO ⊙ O))
       const torch::Tensor delta = (dos * out.narrow(2, r0, rows)).sum(-1, /*keepdim=*/true);
-      const torch::Tensor dsc = pc * (torch::matmul(dos, vcs.transpose(-1, -2)) - delta);
-      const torch::Tensor dsb = pb * (torch::matmul(dob, vbs.transpose(-1, -2)) -
+      const torch::Tensor dsc = pc * (MatmulIn(m.compute, dos, vcs.transpose(-1, -2)) - delta);
+      const torch::Tensor dsb = pb * (MatmulIn(m.compute, dob, vbs.transpose(-1, -2)) -
                                       delta.view({m.b, m.h, c.nc, m.block, 1}));
-      dvc.narrow(2, 0, c.kv_end).add_(torch::matmul(pc.transpose(-1, -2), dos));
+      dvc.narrow(2, 0, c.kv_end).add_(MatmulIn(m.compute, pc.transpose(-1, -2), dos));
       dvb.narrow(2, r0, rows)
-          .copy_(torch::matmul(pb.transpose(-1, -2), dob).view({m.b, m.h, rows, m.d}));
+          .copy_(MatmulIn(m.compute, pb.transpose(-1, -2), dob).view({m.b, m.h, rows, m.d}));
       dq.narrow(2, r0, rows)
-          .copy_((torch::matmul(dsc, kcs) + torch::matmul(dsb, kbs).view({m.b, m.h, rows, m.d})) *
+          .copy_((MatmulIn(m.compute, dsc, kcs) +
+                  MatmulIn(m.compute, dsb, kbs).view({m.b, m.h, rows, m.d})) *
                  m.scale);
-      dkc.narrow(2, 0, c.kv_end).add_(torch::matmul(dsc.transpose(-1, -2), qs) * m.scale);
+      dkc.narrow(2, 0, c.kv_end).add_(MatmulIn(m.compute, dsc.transpose(-1, -2), qs) * m.scale);
       dkb.narrow(2, r0, rows)
-          .copy_(torch::matmul(dsb.transpose(-1, -2), qblk).view({m.b, m.h, rows, m.d}) * m.scale);
+          .copy_(MatmulIn(m.compute, dsb.transpose(-1, -2), qblk).view({m.b, m.h, rows, m.d}) *
+                 m.scale);
     }
-    return {
-        dq, dkc, dvc, dkb, dvb, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dq,
+            dkc,
+            dvc,
+            dkb,
+            dvb,
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -170,7 +187,8 @@ torch::Tensor DFlashBlockAttention(const torch::Tensor& q, const torch::Tensor& 
               "DFlashBlockAttention: anchors int64, keep bool");
   return BlockAttentionFunction::apply(
       q.contiguous(), kc.contiguous(), vc.contiguous(), kb.contiguous(), vb.contiguous(),
-      anchors.contiguous(), keep.contiguous(), options.block_size, options.chunk_score_bytes);
+      anchors.contiguous(), keep.contiguous(), options.block_size, options.chunk_score_bytes,
+      static_cast<int64_t>(options.compute));
 }
 
 torch::Tensor DFlashBlockAttentionDense(const torch::Tensor& q, const torch::Tensor& kc,

@@ -13,6 +13,8 @@ struct BlockAttentionOptions {
   int64_t block_size = 16;
   // Upper bound on the bytes of one chunk's fp32 score matrix (all heads, whole batch).
   int64_t chunk_score_bytes = int64_t{64} << 20;
+  // The dtype of the products (model/precision.h); scores, softmax and lse stay fp32.
+  torch::ScalarType compute = torch::kFloat32;
 };
 
 // q, kb, vb: [b, heads, N·B, d] (block queries, keys, values); kc, vc: [b, heads, S, d] (context

@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "model/dflash_math.h"
 #include "model/layers.h"
+#include "model/precision.h"
 #include "model/weighted_cross_entropy.h"
 #include "model/wire_tensor.h"
 
@@ -41,8 +42,11 @@ DrafterMlpImpl::DrafterMlpImpl(const DrafterModelConfig& c) {
   down_proj = register_module("down_proj", MakeLinear(c.intermediate_size, c.hidden_size));
 }
 
-torch::Tensor DrafterMlpImpl::forward(const torch::Tensor& x) {
-  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+torch::Tensor DrafterMlpImpl::forward(const torch::Tensor& x, torch::ScalarType compute) {
+  return LinearIn(
+      compute,
+      torch::silu(LinearIn(compute, x, gate_proj->weight)) * LinearIn(compute, x, up_proj->weight),
+      down_proj->weight);
 }
 
 DrafterLayerImpl::DrafterLayerImpl(const DrafterModelConfig& c) {
@@ -63,8 +67,32 @@ DrafterImpl::DrafterImpl(DrafterModelConfig config) : config_(std::move(config))
 }
 
 void DrafterImpl::SetFrozen(torch::Tensor embed_tokens, torch::Tensor lm_head) {
-  embed_tokens_ = embed_tokens.detach().to(torch::kFloat32);
-  lm_head_ = lm_head.detach().to(torch::kFloat32);
+  embed_tokens_ = embed_tokens.detach().to(device_, torch::kFloat32);
+  lm_head_ = lm_head.detach().to(device_, torch::kFloat32);
+  lm_head_compute_ = torch::Tensor();
+}
+
+void DrafterImpl::SetComputeDtype(torch::ScalarType compute) {
+  TORCH_CHECK(compute == torch::kFloat32 || compute == torch::kBFloat16,
+              "the drafter computes in fp32 or bf16");
+  compute_ = compute;
+  attention_options.compute = compute;
+  lm_head_compute_ = torch::Tensor();
+}
+
+void DrafterImpl::MoveTo(const torch::Device& device) {
+  to(device);
+  device_ = device;
+  if (embed_tokens_.defined()) embed_tokens_ = embed_tokens_.to(device);
+  if (lm_head_.defined()) lm_head_ = lm_head_.to(device);
+  lm_head_compute_ = torch::Tensor();
+}
+
+const torch::Tensor& DrafterImpl::ComputeHead() {
+  if (compute_ == torch::kFloat32) return lm_head_;
+  // One bf16 copy of the frozen head for every step (at a 152k vocabulary it is 1.2 GB to read).
+  if (!lm_head_compute_.defined()) lm_head_compute_ = lm_head_.to(compute_);
+  return lm_head_compute_;
 }
 
 void DrafterImpl::InitWeights(uint64_t seed) {
@@ -87,7 +115,8 @@ torch::Tensor DrafterImpl::Forward(const torch::Tensor& features, const torch::T
   const int64_t block = c.block_size, nb = n * block, heads = c.num_attention_heads,
                 kv_heads = c.num_key_value_heads, hd = c.head_dim;
   // Context: fc + hidden_norm once, shared by all layers; it never passes input_layernorm.
-  const torch::Tensor ctx = hidden_norm(fc(features.to(torch::kFloat32)));
+  const torch::Tensor ctx = hidden_norm(LinearIn(
+      compute_, compute_ == torch::kFloat32 ? features.to(torch::kFloat32) : features, fc->weight));
   torch::Tensor x =
       embed_tokens_.index_select(0, block_ids.reshape(-1)).view({b, nb, c.hidden_size});
 
@@ -107,14 +136,22 @@ torch::Tensor DrafterImpl::Forward(const torch::Tensor& features, const torch::T
       return t.view({b, -1, h, hd}).transpose(1, 2);  // [b, h, T, hd]
     };
     torch::Tensor q = ApplyRope(
-        heads_of(attn.q_norm(attn.q_proj(xn).view({b, nb, heads, hd})), heads).contiguous(), cos_q,
-        sin_q);
+        heads_of(attn.q_norm(LinearIn(compute_, xn, attn.q_proj->weight).view({b, nb, heads, hd})),
+                 heads)
+            .contiguous(),
+        cos_q, sin_q);
     torch::Tensor kc = ApplyRope(
-        heads_of(attn.k_norm(attn.k_proj(ctx).view({b, s, kv_heads, hd})), kv_heads), cos_c, sin_c);
+        heads_of(
+            attn.k_norm(LinearIn(compute_, ctx, attn.k_proj->weight).view({b, s, kv_heads, hd})),
+            kv_heads),
+        cos_c, sin_c);
     torch::Tensor kb = ApplyRope(
-        heads_of(attn.k_norm(attn.k_proj(xn).view({b, nb, kv_heads, hd})), kv_heads), cos_q, sin_q);
-    torch::Tensor vc = heads_of(attn.v_proj(ctx), kv_heads);
-    torch::Tensor vb = heads_of(attn.v_proj(xn), kv_heads);
+        heads_of(
+            attn.k_norm(LinearIn(compute_, xn, attn.k_proj->weight).view({b, nb, kv_heads, hd})),
+            kv_heads),
+        cos_q, sin_q);
+    torch::Tensor vc = heads_of(LinearIn(compute_, ctx, attn.v_proj->weight), kv_heads);
+    torch::Tensor vb = heads_of(LinearIn(compute_, xn, attn.v_proj->weight), kv_heads);
     if (heads != kv_heads) {
       const int64_t groups = heads / kv_heads;
       kc = kc.repeat_interleave(groups, 1);
@@ -124,8 +161,8 @@ torch::Tensor DrafterImpl::Forward(const torch::Tensor& features, const torch::T
     }
     const torch::Tensor o =
         DFlashBlockAttention(q, kc, vc, kb, vb, anchors, keep, attention_options);
-    x = x + attn.o_proj(o.transpose(1, 2).reshape({b, nb, heads * hd}));
-    x = x + layer->mlp(layer->post_attention_layernorm(x));
+    x = x + LinearIn(compute_, o.transpose(1, 2).reshape({b, nb, heads * hd}), attn.o_proj->weight);
+    x = x + layer->mlp->forward(layer->post_attention_layernorm(x), compute_);
   }
   return norm(x).view({b, n, block, c.hidden_size});
 }
@@ -224,7 +261,8 @@ DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
       hidden.narrow(2, 1, block - 1).reshape({-1, c.hidden_size}).index_select(0, rows);
   const torch::Tensor row_labels = labels.reshape(-1).index_select(0, rows);
   const torch::Tensor row_w = w.reshape(-1).index_select(0, rows);
-  const WeightedCrossEntropy ce = ChunkedWeightedCrossEntropy(h, lm_head_, row_labels, row_w);
+  const WeightedCrossEntropy ce =
+      ChunkedWeightedCrossEntropy(h, ComputeHead(), row_labels, row_w, compute_);
   const torch::Tensor& wce = ce.weighted_sum;
 
   DrafterLossResult result;
@@ -236,9 +274,10 @@ DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
   torch::NoGradGuard no_grad;
   const torch::Tensor slot = rows.remainder(block - 1);
   const torch::Tensor& hit = ce.hits;
-  const torch::Tensor correct = torch::zeros({block - 1}, opts).index_add_(0, slot, hit);
+  const torch::Tensor correct =
+      torch::zeros({block - 1}, opts).index_add_(0, slot, hit).to(torch::kCPU);
   const torch::Tensor total =
-      torch::zeros({block - 1}, opts).index_add_(0, slot, torch::ones_like(slot));
+      torch::zeros({block - 1}, opts).index_add_(0, slot, torch::ones_like(slot)).to(torch::kCPU);
   result.slot_correct.assign(correct.data_ptr<int64_t>(), correct.data_ptr<int64_t>() + block - 1);
   result.slot_total.assign(total.data_ptr<int64_t>(), total.data_ptr<int64_t>() + block - 1);
   result.tokens = rows.numel();

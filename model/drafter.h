@@ -35,7 +35,8 @@ TORCH_MODULE(DrafterAttention);
 class DrafterMlpImpl : public torch::nn::Module {
  public:
   explicit DrafterMlpImpl(const DrafterModelConfig& c);
-  torch::Tensor forward(const torch::Tensor& x);
+  // Products in `compute` (model/precision.h), the result in fp32.
+  torch::Tensor forward(const torch::Tensor& x, torch::ScalarType compute = torch::kFloat32);
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(DrafterMlp);
@@ -85,6 +86,16 @@ class DrafterImpl : public torch::nn::Module {
   // Frozen target tensors: embedding [V, H] (the MASK row included) and lm_head [V, H].
   void SetFrozen(torch::Tensor embed_tokens, torch::Tensor lm_head);
 
+  // The training forward's arithmetic (train.precision, model/precision.h): kFloat32 (default) or
+  // kBFloat16 products. Inference (ExtendContext, Draft) is always fp32.
+  void SetComputeDtype(torch::ScalarType compute);
+  torch::ScalarType compute_dtype() const { return compute_; }
+
+  // Moves the parameters and the frozen tensors to `device` (before an optimizer is built on the
+  // parameters). Tensors set later with SetFrozen go there too.
+  void MoveTo(const torch::Device& device);
+  const torch::Device& device() const { return device_; }
+
   // Hidden states after the final norm for every block slot: [b, N, B, H].
   // anchors: [b, N] (≥ 0), keep: [b, N] bool, block_ids: [b, N, B].
   torch::Tensor Forward(const torch::Tensor& features, const torch::Tensor& block_ids,
@@ -116,8 +127,13 @@ class DrafterImpl : public torch::nn::Module {
   torch::nn::ModuleList layers{nullptr};
 
  private:
+  // lm_head in the compute dtype (bf16: made once, not every step).
+  const torch::Tensor& ComputeHead();
+
   DrafterModelConfig config_;
-  torch::Tensor embed_tokens_, lm_head_;
+  torch::Tensor embed_tokens_, lm_head_, lm_head_compute_;
+  torch::ScalarType compute_ = torch::kFloat32;
+  torch::Device device_{torch::kCPU};
 };
 TORCH_MODULE(Drafter);
 

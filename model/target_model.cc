@@ -184,9 +184,35 @@ absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::FromWeights(
   return model;
 }
 
-absl::StatusOr<TargetOutput> TargetModel::Forward(const torch::Tensor& input_ids,
+void TargetModel::MoveTo(const torch::Device& device) {
+  const bool tied = lm_head_.is_same(embed_);
+  embed_ = embed_.to(device);
+  lm_head_ = tied ? embed_ : lm_head_.to(device);
+  final_norm_ = final_norm_.to(device);
+  for (Layer& l : layers_) {
+    for (torch::Tensor* t : {&l.input_norm, &l.post_norm, &l.q, &l.k, &l.v, &l.o, &l.q_norm,
+                             &l.k_norm, &l.gate, &l.up, &l.down}) {
+      if (t->defined()) *t = t->to(device);
+    }
+  }
+}
+
+int64_t TargetModel::WeightBytes() const {
+  int64_t bytes = embed_.nbytes() + final_norm_.nbytes();
+  if (!lm_head_.is_same(embed_)) bytes += lm_head_.nbytes();
+  for (const Layer& l : layers_) {
+    for (const torch::Tensor* t : {&l.input_norm, &l.post_norm, &l.q, &l.k, &l.v, &l.o, &l.q_norm,
+                                   &l.k_norm, &l.gate, &l.up, &l.down}) {
+      if (t->defined()) bytes += t->nbytes();
+    }
+  }
+  return bytes;
+}
+
+absl::StatusOr<TargetOutput> TargetModel::Forward(const torch::Tensor& input_ids_in,
                                                   const std::vector<int>& layer_ids,
                                                   bool with_logits, KvCache* cache) const {
+  const torch::Tensor input_ids = input_ids_in.to(embed_.device());  // the model's device
   const TargetModelConfig& c = config_;
   for (int id : layer_ids) {
     if (id < 0 || id >= c.num_hidden_layers) {
@@ -208,12 +234,13 @@ absl::StatusOr<TargetOutput> TargetModel::Forward(const torch::Tensor& input_ids
   }
   const auto dtype = embed_.scalar_type();
   torch::Tensor x = embed_.index_select(0, input_ids.reshape(-1)).view({b, s, c.hidden_size});
-  auto [cos, sin] = RopeTablesFromInvFreq(torch::arange(past, past + s, torch::kInt64), inv_freq_);
+  const auto positions = torch::TensorOptions().dtype(torch::kInt64).device(embed_.device());
+  auto [cos, sin] = RopeTablesFromInvFreq(torch::arange(past, past + s, positions), inv_freq_);
   cos = cos.to(dtype);
   sin = sin.to(dtype);
   // Causal over the cache and the new tokens: new token t sees keys 0 .. past + t.
-  const torch::Tensor q_pos = torch::arange(past, past + s).view({-1, 1});
-  const torch::Tensor k_pos = torch::arange(0, past + s).view({1, -1});
+  const torch::Tensor q_pos = torch::arange(past, past + s, positions).view({-1, 1});
+  const torch::Tensor k_pos = torch::arange(0, past + s, positions).view({1, -1});
   const torch::Tensor allowed = k_pos.le(q_pos);
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   std::vector<torch::Tensor> outputs(c.num_hidden_layers);

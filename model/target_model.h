@@ -86,6 +86,13 @@ class TargetModel {
       const TargetModelConfig& config, const WeightGetter& get,
       const std::function<bool(const std::string&)>& has, bool trainable = false);
 
+  // Moves the weights to `device` (target.device: cuda); Forward then runs there, whatever device
+  // its input_ids are on, and returns tensors on it.
+  void MoveTo(const torch::Device& device);
+  // The bytes of the weights (a tied lm_head counted once).
+  int64_t WeightBytes() const;
+  torch::Device device() const { return embed_.device(); }
+
   const TargetModelConfig& config() const { return config_; }
   const torch::Tensor& embed_tokens() const { return embed_; }
   const torch::Tensor& lm_head() const { return lm_head_; }

@@ -1,5 +1,7 @@
 #include "model/weighted_cross_entropy.h"
 
+#include "model/precision.h"
+
 namespace flashdraft {
 namespace {
 
@@ -19,14 +21,15 @@ class ChunkedCrossEntropyFunction : public torch::autograd::Function<ChunkedCros
                                                 const torch::Tensor& head,
                                                 const torch::Tensor& labels,
                                                 const torch::Tensor& weights, int64_t chunk_bytes,
-                                                bool with_grad) {
+                                                bool with_grad, int64_t compute_dtype) {
+    const auto compute = static_cast<torch::ScalarType>(compute_dtype);
     const int64_t rows = hidden.size(0), step = RowsPerChunk(head.size(0), chunk_bytes);
     torch::Tensor total = torch::zeros({}, hidden.options());
     torch::Tensor hits = torch::empty({rows}, labels.options());
     torch::Tensor d_hidden = with_grad ? torch::empty_like(hidden) : torch::Tensor();
     for (int64_t r0 = 0; r0 < rows; r0 += step) {
       const int64_t n = std::min(step, rows - r0);
-      torch::Tensor logits = torch::matmul(hidden.narrow(0, r0, n), head.t());
+      torch::Tensor logits = MatmulIn(compute, hidden.narrow(0, r0, n), head.t());
       const torch::Tensor lse = torch::logsumexp(logits, -1, /*keepdim=*/true);
       const torch::Tensor label = labels.narrow(0, r0, n).unsqueeze(1);
       const torch::Tensor w = weights.narrow(0, r0, n).unsqueeze(1);
@@ -36,7 +39,7 @@ class ChunkedCrossEntropyFunction : public torch::autograd::Function<ChunkedCros
         // In place: logits become (softmax − onehot) · w.
         logits.sub_(lse).exp_().scatter_add_(1, label, -torch::ones({n, 1}, logits.options()));
         logits.mul_(w);
-        d_hidden.narrow(0, r0, n).copy_(torch::matmul(logits, head));
+        d_hidden.narrow(0, r0, n).copy_(MatmulIn(compute, logits, head));
       }
     }
     ctx->save_for_backward({d_hidden});
@@ -47,21 +50,19 @@ class ChunkedCrossEntropyFunction : public torch::autograd::Function<ChunkedCros
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::Tensor d_hidden = ctx->get_saved_variables()[0];
-    return {d_hidden * grads[0], torch::Tensor(), torch::Tensor(),
+    return {d_hidden * grads[0], torch::Tensor(), torch::Tensor(), torch::Tensor(),
             torch::Tensor(),     torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
-WeightedCrossEntropy ChunkedWeightedCrossEntropy(const torch::Tensor& hidden,
-                                                 const torch::Tensor& head,
-                                                 const torch::Tensor& labels,
-                                                 const torch::Tensor& weights,
-                                                 int64_t chunk_logit_bytes) {
+WeightedCrossEntropy ChunkedWeightedCrossEntropy(
+    const torch::Tensor& hidden, const torch::Tensor& head, const torch::Tensor& labels,
+    const torch::Tensor& weights, torch::ScalarType compute, int64_t chunk_logit_bytes) {
   auto out = ChunkedCrossEntropyFunction::apply(
       hidden, head.detach(), labels, weights.detach(), chunk_logit_bytes,
-      hidden.requires_grad() && torch::GradMode::is_enabled());
+      hidden.requires_grad() && torch::GradMode::is_enabled(), static_cast<int64_t>(compute));
   return {out[0], out[1]};
 }
 

@@ -14,11 +14,13 @@ struct WeightedCrossEntropy {
 };
 
 // hidden [R, H] (differentiable), head [V, H] (frozen), labels [R] int64, weights [R].
+// `compute`: the dtype of the products (model/precision.h; logits, softmax and the sum stay fp32).
 // `chunk_logit_bytes` bounds one chunk's fp32 logits.
 WeightedCrossEntropy ChunkedWeightedCrossEntropy(const torch::Tensor& hidden,
                                                  const torch::Tensor& head,
                                                  const torch::Tensor& labels,
                                                  const torch::Tensor& weights,
+                                                 torch::ScalarType compute = torch::kFloat32,
                                                  int64_t chunk_logit_bytes = int64_t{64} << 20);
 
 }  // namespace flashdraft

@@ -15,7 +15,8 @@ TEST(WeightedCrossEntropyTest, ChunkedMatchesDenseValueAndGradient) {
     SCOPED_TRACE(chunk_bytes);
     torch::Tensor h1 = torch::randn({rows, hidden}, torch::kFloat64).requires_grad_(true);
     torch::Tensor h2 = h1.detach().clone().requires_grad_(true);
-    WeightedCrossEntropy got = ChunkedWeightedCrossEntropy(h1, head, labels, weights, chunk_bytes);
+    WeightedCrossEntropy got =
+        ChunkedWeightedCrossEntropy(h1, head, labels, weights, torch::kFloat32, chunk_bytes);
     const torch::Tensor logits = torch::matmul(h2, head.t());
     const torch::Tensor want =
         (weights * torch::nn::functional::cross_entropy(

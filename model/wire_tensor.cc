@@ -72,7 +72,8 @@ absl::Status AppendTorchTensorChunks(const std::string& name, const torch::Tenso
 
 TensorAssembler::Allocate TorchTensorSink::allocator() {
   return [this](const TensorSpec& spec, uint64_t) -> absl::StatusOr<void*> {
-    tensor = torch::empty(spec.shape, torch::TensorOptions().dtype(ToTorchDType(spec.dtype)));
+    tensor = torch::empty(
+        spec.shape, torch::TensorOptions().dtype(ToTorchDType(spec.dtype)).pinned_memory(pinned));
     return tensor.data_ptr();
   };
 }

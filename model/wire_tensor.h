@@ -26,6 +26,8 @@ absl::Status AppendTorchTensorChunks(const std::string& name, const torch::Tenso
 // it.
 struct TorchTensorSink {
   torch::Tensor tensor;
+  // Page-locked host memory (a CUDA LibTorch only), so that copies to a GPU run asynchronously.
+  bool pinned = false;
   TensorAssembler::Allocate allocator();
 };
 

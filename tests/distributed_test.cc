@@ -149,6 +149,30 @@ TEST_F(DistributedTest, EveryStepIsTheSameBitsOnAnyNumberOfWorkers) {
   }
 }
 
+// train.precision: bf16 through the whole system (the job file, the workers' drafters): the run
+// finishes, every step's loss is within 3% of the fp32 run's, and the deterministic reduction
+// still makes 1 and 2 workers the same bits.
+TEST_F(DistributedTest, Bf16TrainingFollowsFp32AndKeepsTheBits) {
+  ASSERT_EQ(exit_codes_[1], 0) << outputs_[1];
+  for (int workers : {1, 2}) {
+    auto run = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir_->Join("job.yaml"),
+                                       " --workers ", workers, " --set train.precision=bf16 --out ",
+                                       dir_->Join(absl::StrCat("bf16-", workers))));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+  }
+  auto fp32 = ReadSteps(dir_->Join("run1/steps.jsonl"));
+  auto bf16 = ReadSteps(dir_->Join("bf16-1/steps.jsonl"));
+  ASSERT_EQ(bf16.size(), fp32.size());
+  bool differs = false;
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    const double a = fp32[i]["loss"].get<double>(), b = bf16[i]["loss"].get<double>();
+    EXPECT_NEAR(b, a, 0.03 * a) << "step " << i;
+    differs = differs || a != b;
+  }
+  EXPECT_TRUE(differs) << "bf16 gave fp32's exact losses: it did not compute in bf16";
+  EXPECT_EQ(FirstDifferentStep(bf16, ReadSteps(dir_->Join("bf16-2/steps.jsonl"))), "");
+}
+
 // Checkpoints every 10 steps; a job resumed from the one after step 10 — with another number of
 // workers — trains steps 10..29 to the same bits as the run that never stopped, and steps.jsonl
 // reads as one run. A damaged checkpoint stops the resume with the file named.
@@ -252,6 +276,15 @@ TEST_F(DistributedTest, JoinRefusesOtherProtocolVersionsAndModelShapes) {
   EXPECT_FALSE(r.accepted());
   EXPECT_THAT(r.reason(), HasSubstr("model shape differs from the job's: hidden_size 7 != 32"));
 
+  // A worker that cannot form the job's collective (Gloo here) is refused, naming both.
+  v1::JoinRequest nccl_only;
+  nccl_only.set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  nccl_only.mutable_capability()->set_backend("nccl");
+  r = join(nccl_only);
+  EXPECT_FALSE(r.accepted());
+  EXPECT_THAT(r.reason(), HasSubstr("the job sums gradients over gloo (cluster.backend) and this "
+                                    "worker has only 'nccl'"));
+
   // An unknown session token gets nothing from the store.
   grpc::ClientContext ctx;
   v1::StoreRequest store;
@@ -350,11 +383,23 @@ TEST(LaunchTest, BadInputFailsClearly) {
   r = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir.Join("job.yaml"), " --workers 0"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("--workers must be >= 1"));
-  // A backend this build does not have is refused, not silently replaced by Gloo.
+  // NCCL where the worker cannot run it (no GPU path, or no GPU) is refused before anything
+  // starts, not silently replaced by Gloo.
+  const auto probe = RunCommand(absl::StrCat(kBin, "/flashdraft-worker --probe"));
+  ASSERT_EQ(probe.exit_code, 0) << probe.output;
+  ASSERT_THAT(probe.output, HasSubstr("backends: gloo"));
+  if (probe.output.find("cuda_devices: 0") == std::string::npos) {
+    GTEST_SKIP() << "a GPU is usable here; the refusal is checked on machines without one";
+  }
   r = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir.Join("job.yaml"),
                               " --workers 1 --set cluster.backend=nccl"));
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, HasSubstr("cluster.backend 'nccl' is not available in this build"));
+  EXPECT_THAT(r.output, HasSubstr("cluster.backend nccl needs a"));
+  r = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", dir.Join("job.yaml"),
+                              " --workers 1 --set cluster.backend=nccl --set worker.device=cuda"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("worker.device cuda needs a flashdraft-worker linked against a "
+                                  "CUDA LibTorch"));
 }
 
 }  // namespace

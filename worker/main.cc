@@ -1,6 +1,7 @@
 // flashdraft-worker --coordinator HOST:PORT [--id NAME] [--tls-ca CA --tls-cert C --tls-key K]
 //                   [--token-file F | --job JOB.yaml] [--metrics-listen HOST:PORT]
-//                   [--metrics-port-file FILE]
+//                   [--metrics-port-file FILE] [--cuda-device N]
+// flashdraft-worker --probe   (what it can run: collectives, CUDA devices)
 // (intra-op threads come from the job: train.intra_op_threads, one value for every worker)
 #include <CLI/CLI.hpp>
 #include <csignal>
@@ -16,7 +17,11 @@ int main(int argc, char** argv) {
   flashdraft::TuneMallocForStreaming();
   CLI::App app{"flashdraft worker: trains the drafter on microbatches from the coordinator"};
   flashdraft::WorkerOptions options;
-  app.add_option("--coordinator", options.coordinator, "coordinator address host:port")->required();
+  app.add_option("--coordinator", options.coordinator, "coordinator address host:port");
+  bool probe = false;
+  app.add_flag("--probe", probe,
+               "print what this worker can run (collectives, CUDA devices) and exit; launch asks "
+               "before a GPU job");
   app.add_option("--id", options.worker_id, "worker name (default host:pid)");
   app.add_option("--connect-timeout", options.connect_timeout_seconds,
                  "seconds to wait for the coordinator")
@@ -32,9 +37,21 @@ int main(int argc, char** argv) {
                  "job's metrics.worker_listen");
   app.add_option("--metrics-port-file", options.metrics_port_file,
                  "write the bound metrics port here once serving");
+  app.add_option("--cuda-device", options.cuda_device,
+                 "worker.device cuda: the GPU ordinal among the visible ones (default: the local "
+                 "rank's, LOCAL_RANK or SLURM_LOCALID; the only one under CUDA_VISIBLE_DEVICES)")
+      ->check(CLI::Range(0, 1023));
   std::string job_path;
   flashdraft::AddClientSecurityFlags(app, options.security, job_path);
   CLI11_PARSE(app, argc, argv);
+  if (probe) {
+    std::cout << flashdraft::ProbeWorker();
+    return 0;
+  }
+  if (app.count("--coordinator") == 0) {
+    std::cerr << "flashdraft-worker: error: --coordinator is required\n";
+    return 2;
+  }
   absl::StatusOr<flashdraft::ClientSecurity> security =
       flashdraft::ClientSecurityFromJob(job_path, options.security);
   if (!security.ok()) {

@@ -40,6 +40,9 @@ class SessionInbox {
 
   SessionInbox();
 
+  // Received tensors in page-locked memory (worker.device: cuda), before ReadAll starts.
+  void PinReceiveBuffers() { sink_.pinned = true; }
+
   // Reads `link` until a Shutdown, the end of the stream or a malformed message; the last two end
   // in a kError item. On the reader thread.
   void ReadAll(CoordinatorLink& link);

@@ -163,10 +163,12 @@ absl::Status LoadOptimizerState(DrafterImpl& drafter,
         return absl::DataLossError(absl::StrCat("the coordinator's '", name, "' is not F32 ",
                                                 ShapeString(item.value().sizes().vec())));
       }
+      // On the parameter's device (cuda with worker.device: cuda).
+      torch::Tensor moment_state = it->second.to(item.value().device()).clone();
       if (std::string(moment) == ".exp_avg") {
-        state->exp_avg(it->second.clone());
+        state->exp_avg(moment_state);
       } else {
-        state->exp_avg_sq(it->second.clone());
+        state->exp_avg_sq(moment_state);
       }
     }
     optimizer.state()[StateKey(item.value())] = std::move(state);
@@ -196,7 +198,7 @@ absl::Status SyncTrainingState(DrafterImpl& drafter, torch::optim::AdamW& optimi
   }
   uint32_t crc = 0;
   for (const torch::Tensor& t : state) {
-    const torch::Tensor c = t.contiguous();
+    const torch::Tensor c = t.to(torch::kCPU).contiguous();  // a device tensor's bytes: copied
     crc = Crc32cExtend(crc, c.data_ptr(), c.nbytes());
   }
   crc = Crc32cExtend(crc, steps.data_ptr(), steps.nbytes());
@@ -226,9 +228,13 @@ NamedTensors SnapshotState(DrafterImpl& drafter, torch::optim::AdamW& optimizer)
     auto& state = static_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(StateKey(p)));
     step = std::max<int64_t>(step, state.step());
     const std::string prefix = kOptimizerStatePrefix + item.key();
-    tensors.emplace_back(kDrafterWeightPrefix + item.key(), p.detach().clone());
-    tensors.emplace_back(prefix + ".exp_avg", state.exp_avg().clone());
-    tensors.emplace_back(prefix + ".exp_avg_sq", state.exp_avg_sq().clone());
+    // Host copies (the upload reads their bytes; training goes on meanwhile).
+    auto host_copy = [](const torch::Tensor& t) {
+      return t.is_cpu() ? t.detach().clone() : t.detach().to(torch::kCPU);
+    };
+    tensors.emplace_back(kDrafterWeightPrefix + item.key(), host_copy(p));
+    tensors.emplace_back(prefix + ".exp_avg", host_copy(state.exp_avg()));
+    tensors.emplace_back(prefix + ".exp_avg_sq", host_copy(state.exp_avg_sq()));
   }
   tensors.emplace_back(std::string(kOptimizerStatePrefix) + "step",
                        torch::full({1}, step, torch::kInt64));

@@ -10,8 +10,10 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/cuda_util.h"
 #include "common/file_util.h"
 #include "common/job_config.h"
 #include "common/net_util.h"
@@ -56,7 +58,7 @@ absl::Status StartMetrics(const WorkerOptions& o, const JobConfig& job, MetricsE
   const std::string listen = from_flag ? o.metrics_listen : job.metrics.worker_listen;
   const std::string field = from_flag ? "--metrics-listen" : "metrics.worker_listen";
   if (!job.metrics.enabled || listen.empty() || listen == "off") return absl::OkStatus();
-  auto metrics = std::make_unique<WorkerMetrics>("cpu", "gloo");
+  auto metrics = std::make_unique<WorkerMetrics>(job.worker.device, job.cluster.backend);
   absl::StatusOr<int> port = metrics->Serve(listen, field);
   if (!port.ok()) return absl::FailedPreconditionError(port.status().message());
   absl::StatusOr<std::string> toward = LocalAddressToward(o.coordinator);
@@ -74,6 +76,27 @@ absl::Status StartMetrics(const WorkerOptions& o, const JobConfig& job, MetricsE
   return absl::OkStatus();
 }
 
+// The collectives this binary can form (the coordinator refuses a worker without the job's).
+#if FLASHDRAFT_WITH_CUDA
+constexpr const char* kBuiltBackends = "gloo,nccl";
+#else
+constexpr const char* kBuiltBackends = "gloo";
+#endif
+
+// cuda:<local rank>: with one visible GPU (CUDA_VISIBLE_DEVICES set per worker by launch, Slurm's
+// --gpus-per-task, a container's device) that one; with several, the local rank's
+// (LOCAL_RANK or SLURM_LOCALID) among them.
+int LocalCudaDevice() {
+  const int count = static_cast<int>(torch::cuda::device_count());
+  if (count <= 1) return 0;
+  for (const char* name : {"LOCAL_RANK", "SLURM_LOCALID"}) {
+    int rank = 0;
+    const char* v = std::getenv(name);
+    if (v != nullptr && absl::SimpleAtoi(v, &rank) && rank >= 0) return rank % count;
+  }
+  return 0;
+}
+
 // One session with one coordinator process: join, fetch, train until the job ends. UNAVAILABLE
 // when the coordinator could not be reached or went away (RunWorker joins again).
 absl::Status RunSession(const WorkerOptions& o, MetricsEndpoint& endpoint) {
@@ -89,8 +112,12 @@ absl::Status RunSession(const WorkerOptions& o, MetricsEndpoint& endpoint) {
   join.set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
   join.set_worker_id(o.worker_id.empty() ? absl::StrCat(host, ":", getpid()) : o.worker_id);
   join.mutable_capability()->set_hostname(host);
-  join.mutable_capability()->set_device("cpu");
-  join.mutable_capability()->set_backend("gloo");
+  join.mutable_capability()->set_device(
+      torch::cuda::is_available() ? absl::StrCat("cuda x", torch::cuda::device_count()) : "cpu");
+  join.mutable_capability()->set_backend(kBuiltBackends);
+  if (absl::StatusOr<CudaMemory> m = CudaMemoryInfo(0); m.ok()) {
+    join.mutable_capability()->set_device_memory_bytes(static_cast<uint64_t>(m->total_bytes));
+  }
   v1::JoinReply reply;
   // Short attempts up to connect_timeout_seconds, so that a SIGTERM meanwhile is seen.
   const double join_start = Now();
@@ -150,6 +177,11 @@ absl::Status RunSession(const WorkerOptions& o, MetricsEndpoint& endpoint) {
               << " (the address that reaches the coordinator; cluster.collective_interface "
                  "names another)";
   }
+  setup.cuda_device = o.cuda_device >= 0 ? o.cuda_device : LocalCudaDevice();
+  if (job.cluster.backend == "nccl" && !job.cluster.collective_interface.empty()) {
+    // NCCL's own bootstrap and socket traffic on the same private interface (unless set).
+    setenv("NCCL_SOCKET_IFNAME", job.cluster.collective_interface.c_str(), /*overwrite=*/0);
+  }
   setup.job = std::move(job);
   SessionHooks hooks;
   hooks.leave_requested = &g_leave_requested;
@@ -162,6 +194,15 @@ absl::Status RunSession(const WorkerOptions& o, MetricsEndpoint& endpoint) {
 }  // namespace
 
 void RequestLeave() { g_leave_requested = true; }
+
+std::string ProbeWorker() {
+  std::string out = absl::StrCat("backends: ", kBuiltBackends, "\n",
+                                 "torch_cuda: ", torch::cuda::is_available() ? "yes" : "no", "\n");
+  const absl::Status usable = CudaDeviceUsable();
+  absl::StrAppend(&out, "cuda_devices: ", usable.ok() ? CudaDeviceCount() : 0, "\n");
+  if (!usable.ok()) absl::StrAppend(&out, "cuda: ", usable.message(), "\n");
+  return out;
+}
 
 absl::Status RunWorker(const WorkerOptions& o) {
   // A coordinator that goes away (crashed, restarted with --resume, or this worker was dropped

@@ -26,10 +26,17 @@ struct WorkerOptions {
   std::string metrics_listen;
   // Where the bound metrics port is written once serving (launch: <out>/metrics/worker-<i>.port).
   std::string metrics_port_file;
+  // worker.device: cuda — the GPU ordinal; -1: the local rank's (LOCAL_RANK / SLURM_LOCALID among
+  // the visible GPUs; the only one when CUDA_VISIBLE_DEVICES names one).
+  int cuda_device = -1;
 };
 
 // Trains until the job ends (OK), this worker is told to leave or asked to (OK), or a fatal error.
 absl::Status RunWorker(const WorkerOptions& options);
+
+// What this binary can run, one "key: value" per line: backends (gloo[,nccl]), torch_cuda
+// (yes|no: LibTorch has CUDA), cuda_devices (visible to the CUDA runtime) and cuda (why none).
+std::string ProbeWorker();
 
 // Leave the job at the next step boundary (the coordinator re-forms the group without this
 // worker; not a failure), or stop trying to join. Async-signal-safe: the worker's SIGTERM.

@@ -29,6 +29,17 @@ WorkerMetrics::WorkerMetrics(const std::string& device, const std::string& backe
                                "Bytes received on the Train stream", {{"direction", "received"}});
   queued_ = &e.Gauge("flashdraft_worker_queued_microbatches",
                      "Microbatches received and not yet taken by the training thread");
+  device_used_ =
+      &e.Gauge("flashdraft_worker_device_memory_bytes",
+               "The worker's GPU memory (worker.device: cuda; 0 on CPUs)", {{"kind", "used"}});
+  device_total_ =
+      &e.Gauge("flashdraft_worker_device_memory_bytes",
+               "The worker's GPU memory (worker.device: cuda; 0 on CPUs)", {{"kind", "total"}});
+}
+
+void WorkerMetrics::SetDeviceMemory(int64_t used_bytes, int64_t total_bytes) {
+  device_used_->Set(static_cast<double>(used_bytes));
+  device_total_->Set(static_cast<double>(total_bytes));
 }
 
 void WorkerMetrics::Joined() { joins_->Increment(); }

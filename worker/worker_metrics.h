@@ -35,6 +35,8 @@ class WorkerMetrics {
   void CollectiveError();
   void AddReceivedBytes(uint64_t bytes);  // from the Train stream
   void SetQueuedMicrobatches(int64_t queued);
+  // worker.device: cuda — the GPU's memory in use (all processes) and its size.
+  void SetDeviceMemory(int64_t used_bytes, int64_t total_bytes);
 
   std::string Text() const { return exporter_.Text(); }
 
@@ -50,6 +52,8 @@ class WorkerMetrics {
   prometheus::Counter* collective_bytes_;
   prometheus::Counter* received_bytes_;
   prometheus::Gauge* queued_;
+  prometheus::Gauge* device_used_;
+  prometheus::Gauge* device_total_;
 };
 
 }  // namespace flashdraft

@@ -7,9 +7,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/cuda_util.h"
 #include "common/shard_tree.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "model/precision.h"
+#include "worker/collective/nccl_collective.h"
 #include "worker/training_state.h"
 
 namespace flashdraft {
@@ -68,9 +71,44 @@ WorkerSession::WorkerSession(SessionSetup setup, SessionHooks hooks)
   if (!hooks_.on_stuck) hooks_.on_stuck = ExitStuck;
 }
 
+namespace {
+
+// worker.device as a LibTorch device; errors say why it cannot be used here.
+absl::StatusOr<torch::Device> WorkerDevice(const JobConfig& job, int cuda_device) {
+  if (job.worker.device == "cpu") return torch::Device(torch::kCPU);
+  if (!torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker.device is cuda, but this worker's LibTorch ",
+        torch::cuda::device_count() == 0 && !at::hasCUDA()
+            ? "was built without CUDA (Debian's libtorch is CPU-only: build against a CUDA "
+              "LibTorch, scripts/gpu-check.sh shows how)"
+            : "sees no CUDA device"));
+  }
+  if (cuda_device < 0 || cuda_device >= static_cast<int>(torch::cuda::device_count())) {
+    return absl::FailedPreconditionError(absl::StrCat("worker.device cuda:", cuda_device,
+                                                      " does not exist (",
+                                                      torch::cuda::device_count(), " visible)"));
+  }
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(cuda_device));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Create(SessionSetup setup,
                                                                      SessionHooks hooks) {
+  FD_ASSIGN_OR_RETURN(torch::Device device, WorkerDevice(setup.job, setup.cuda_device));
+  const torch::ScalarType compute = ComputeDtypeFromName(setup.job.train.precision);
+  if (compute == torch::ScalarType::Undefined) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.precision '", setup.job.train.precision, "' is not fp32 or bf16"));
+  }
   std::unique_ptr<WorkerSession> session(new WorkerSession(std::move(setup), std::move(hooks)));
+  session->device_ = device;
+  // Parameters keep their identity when moved (the optimizer holds them); its state is created
+  // on their device.
+  session->drafter_->MoveTo(device);
+  session->drafter_->SetComputeDtype(compute);
+  if (!device.is_cpu()) session->inbox_.PinReceiveBuffers();
   auto& fetched = session->setup_.fetched;
   FD_RETURN_IF_ERROR(LoadFetchedModel(*session->drafter_, fetched));
   FD_RETURN_IF_ERROR(
@@ -120,10 +158,34 @@ bool WorkerSession::EndsSession(const InboxItem& item) {
 
 // The old group is never destroyed: it may be stuck in a collective with a vanished peer, and its
 // threads give up by themselves at the collective timeout.
+// NCCL's is aborted instead (ncclCommAbort ends its kernels at once).
 void WorkerSession::LeaveGroup() {
   trainer_.DiscardGradients();
   reducer_.reset();
-  (void)collective_.release();
+  if (collective_ && collective_->AbortsWhenDestroyed()) {
+    collective_.reset();
+  } else {
+    (void)collective_.release();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Collective>> WorkerSession::FormCollective(const v1::Reform& r,
+                                                                          const AbortCheck& abort) {
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(r.store_prefix(), setup_.store);
+  if (setup_.job.cluster.backend == "nccl") {
+#if FLASHDRAFT_WITH_CUDA
+    NcclOptions o;
+    o.timeout = setup_.gloo.timeout;
+    o.device = setup_.cuda_device;
+    o.clock = &clock_;
+    return NcclCollective::Create(prefixed, rank_, world_, o, abort);
+#else
+    return absl::FailedPreconditionError(
+        "cluster.backend is nccl, but this worker was built without the GPU path "
+        "(-DFLASHDRAFT_WITH_CUDA=ON)");
+#endif
+  }
+  return GlooCollective::Create(prefixed, rank_, world_, setup_.gloo, abort);
 }
 
 void WorkerSession::ReportCollectiveFailure(uint64_t step, const absl::Status& why) {
@@ -148,9 +210,7 @@ absl::Status WorkerSession::JoinGroup(const v1::Reform& r) {
   broken_ = false;
   const double start = clock_.Now();
   const AbortCheck superseded = [this] { return Superseded(); };
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(r.store_prefix(), setup_.store);
-  FD_ASSIGN_OR_RETURN(collective_,
-                      GlooCollective::Create(prefixed, rank_, world_, setup_.gloo, superseded));
+  FD_ASSIGN_OR_RETURN(collective_, FormCollective(r, superseded));
   reducer_ = std::make_unique<GradientReducer>(params_, collective_.get(), reduction_);
   FD_RETURN_IF_ERROR(
       SyncTrainingState(*drafter_, trainer_.optimizer(), *collective_, r.sync_state(), superseded));
@@ -216,6 +276,12 @@ void WorkerSession::TrainStep(InboxItem item, double wait) {
     }
     DrafterBatch batch{item.tensors["input_ids"], item.tensors["loss_mask"],
                        item.tensors["hidden_states"], item.tensors["anchors"]};
+    if (!device_.is_cpu()) {  // the next shard's copies overlap this one's compute
+      for (torch::Tensor* t :
+           {&batch.input_ids, &batch.loss_mask, &batch.hidden_states, &batch.anchors}) {
+        if (t->defined()) *t = t->to(device_, /*non_blocking=*/true);
+      }
+    }
     // Gradients accumulate into the reducer's buckets, whose exchanges start during the last
     // shard's backward.
     reducer_->Prepare();
@@ -261,6 +327,11 @@ void WorkerSession::TrainStep(InboxItem item, double wait) {
   timings->set_allreduce_seconds(clock_.Now() - t);
   timings->set_optimizer_seconds(last_optimizer_seconds_);  // the previous step's
   ack.set_collective_bytes(reducer_->bytes_sent());
+  if (hooks_.metrics && device_.is_cuda()) {
+    if (absl::StatusOr<CudaMemory> m = CudaMemoryInfo(device_.index()); m.ok()) {
+      hooks_.metrics->SetDeviceMemory(m->total_bytes - m->free_bytes, m->total_bytes);
+    }
+  }
   if (hooks_.metrics) {
     hooks_.metrics->RecordStep(
         step,

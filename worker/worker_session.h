@@ -52,6 +52,9 @@ struct SessionSetup {
   c10::intrusive_ptr<c10d::Store> store;
   // The collective's timeout is cluster.collective_timeout_seconds; the interface or address here.
   GlooOptions gloo;
+  // worker.device: cuda — this worker's GPU (an ordinal among the visible ones), which also
+  // carries its NCCL communicator with cluster.backend: nccl.
+  int cuda_device = 0;
   FaultPlan fault;
   // Where Prometheus scrapes this worker (host:port; empty: it serves no metrics): told to the
   // coordinator when the Train stream opens, for <output_dir>/prometheus/targets.json.
@@ -108,6 +111,9 @@ class WorkerSession {
   absl::Status JoinGroup(const v1::Reform& reform);
   void HandleReform(const v1::Reform& reform);
   void LeaveGroup();
+  // The job's collective (cluster.backend) for the group of `r`.
+  absl::StatusOr<std::unique_ptr<Collective>> FormCollective(const v1::Reform& r,
+                                                             const AbortCheck& abort);
   void ReportCollectiveFailure(uint64_t step, const absl::Status& why);
   bool Superseded() const { return inbox_.newest_epoch() > epoch_; }
 
@@ -126,6 +132,7 @@ class WorkerSession {
   SessionHooks hooks_;
   Drafter drafter_;
   DrafterTrainer trainer_;
+  torch::Device device_{torch::kCPU};  // worker.device
   std::vector<torch::Tensor> params_;
   GradientReducerOptions reduction_;
   int64_t virtual_shards_ = 0;
@@ -140,7 +147,7 @@ class WorkerSession {
   uint64_t epoch_ = 0;  // 0: not a member yet
   int rank_ = -1, world_ = 0;
   bool broken_ = false;  // this epoch's collective failed: its steps are dropped until a Reform
-  std::unique_ptr<GlooCollective> collective_;
+  std::unique_ptr<Collective> collective_;
   std::unique_ptr<GradientReducer> reducer_;
   std::deque<InboxItem> deferred_;  // items that arrived while a step waited for its commit
   std::optional<absl::Status> end_;

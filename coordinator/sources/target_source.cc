@@ -7,6 +7,8 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/cuda_util.h"
 #include "common/progress.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
@@ -16,6 +18,35 @@
 #include "model/target_model.h"
 
 namespace flashdraft {
+namespace {
+
+// Moves the target to cuda:0 when it fits: its weights, every layer's output kept for the features,
+// one layer's fp32 attention scores and MLP activations, and the logits (regeneration) at
+// data.max_seq_len. Otherwise an error naming what it needs and what is free.
+absl::Status PlaceOnGpu(TargetModel& model, const TargetSourceOptions& o) {
+  const TargetModelConfig& c = model.config();
+  const int64_t s = o.max_seq_len, elem = o.feature_dtype == DType::kBF16 ? 2 : 4;
+  const int64_t weights = model.WeightBytes();
+  const int64_t activations = c.num_hidden_layers * s * c.hidden_size * elem +
+                              2 * c.num_attention_heads * s * s * 4 +
+                              3 * s * c.intermediate_size * elem + s * c.vocab_size * 4;
+  const auto gib = [](int64_t b) { return absl::StrFormat("%.2f GiB", b / double(1 << 30)); };
+  absl::StatusOr<CudaMemory> memory = CudaMemoryInfo(0);
+  if (memory.ok() && weights + activations > memory->free_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "target ", o.target_dir, " does not fit cuda:0: it needs about ",
+        gib(weights + activations), " (weights ", gib(weights), " + activations ", gib(activations),
+        " at data.max_seq_len ", s, ") and ", gib(memory->free_bytes), " of ",
+        gib(memory->total_bytes), " are free; use a smaller target or shards"));
+  }
+  model.MoveTo(torch::Device(torch::kCUDA, 0));
+  LOG(INFO) << "target on cuda:0 (" << gib(weights) << " of weights"
+            << (memory.ok() ? absl::StrCat(", ", gib(memory->free_bytes), " were free") : "")
+            << ")";
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<TargetModelSource>> TargetModelSource::Open(
     const TargetSourceOptions& o) {
@@ -24,8 +55,21 @@ absl::StatusOr<std::unique_ptr<TargetModelSource>> TargetModelSource::Open(
   }
   std::unique_ptr<TargetModelSource> s(new TargetModelSource());
   s->options_ = o;
-  FD_ASSIGN_OR_RETURN(s->model_, TargetModel::Load(o.target_dir));
+  if (o.device != "cpu" && o.device != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat("target.device '", o.device, "'"));
+  }
+  const bool gpu = o.device == "cuda";
+  if (gpu && !torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(
+        "target.device is cuda, but the coordinator's LibTorch has no CUDA device (Debian's "
+        "libtorch is CPU-only: build against a CUDA LibTorch, see docs/GPU.md)");
+  }
+  FD_ASSIGN_OR_RETURN(
+      s->model_,
+      TargetModel::Load(o.target_dir, gpu && o.feature_dtype == DType::kBF16 ? torch::kBFloat16
+                                                                             : torch::kFloat32));
   const TargetModelConfig& t = s->model_->config();
+  if (gpu) FD_RETURN_IF_ERROR(PlaceOnGpu(*s->model_, o));
   s->layers_ = o.layer_ids.empty()
                    ? DefaultTargetLayerIds(static_cast<int>(t.num_hidden_layers), o.num_features)
                    : o.layer_ids;
@@ -101,6 +145,7 @@ absl::StatusOr<std::vector<uint8_t>> TargetModelSource::Compute(uint64_t index) 
   const torch::Tensor f =
       out.features.squeeze(0)
           .to(options_.feature_dtype == DType::kBF16 ? torch::kBFloat16 : torch::kFloat32)
+          .to(torch::kCPU)
           .contiguous();
   const uint8_t* p = static_cast<const uint8_t*>(f.data_ptr());
   return std::vector<uint8_t>(p, p + f.nbytes());
@@ -198,6 +243,7 @@ absl::StatusOr<SourceBundle> OpenTargetSource(const JobConfig& j) {
   o.num_features = j.drafter.num_target_features;
   o.max_seq_len = j.data.max_seq_len;
   o.feature_dtype = j.target.dtype == "float32" ? DType::kF32 : DType::kBF16;
+  o.device = j.target.device;
   o.regenerate = j.data.regenerate;
   o.max_new_tokens = j.data.max_new_tokens;
   o.max_cached = static_cast<size_t>(std::max(1, j.data.prefetch_steps + 1) *

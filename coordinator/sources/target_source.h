@@ -32,6 +32,9 @@ struct TargetSourceOptions {
   int num_features = 5;
   int64_t max_seq_len = 3072;
   DType feature_dtype = DType::kBF16;
+  // "cpu" | "cuda" (target.device): cuda runs the target on the first visible GPU in the feature
+  // dtype; the CPU runs it in fp32.
+  std::string device = "cpu";
   bool regenerate = false;  // assistant turns become the target's greedy answers at open
   int64_t max_new_tokens = 256;
   int threads = 1;          // background forward threads

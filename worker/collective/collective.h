@@ -48,6 +48,9 @@ class Collective {
   // Starts sending `root`'s `tensor` into every other rank's `tensor`.
   virtual std::unique_ptr<CollectiveWork> StartBroadcast(torch::Tensor tensor, int root) = 0;
   virtual absl::Status Barrier() = 0;
+  // True when destroying it ends its work in flight at once (NCCL's abort): a group left behind
+  // is then destroyed. False (Gloo): a group stuck with a vanished peer is left to time out.
+  virtual bool AbortsWhenDestroyed() const { return false; }
 };
 
 }  // namespace flashdraft
