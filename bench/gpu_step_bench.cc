@@ -170,7 +170,8 @@ int main(int argc, char** argv) {
                  "GPU; --device cpu --preset tiny runs the CPU demo shape)\n");
     return 77;
   }
-  const torch::Device device(device_name == "cuda" ? torch::kCUDA : torch::kCPU);
+  const torch::Device device =
+      device_name == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   const Shape s = Preset(preset);
   const double flops = ForwardFlops(s, /*train=*/true);
   std::printf(
