@@ -35,10 +35,9 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 
 struct PromptResult {
   int64_t prompt_tokens = 0;
-  std::vector<int64_t> greedy, speculative;
-  std::vector<int64_t> accepted;
+  std::vector<int64_t> greedy;
+  SpeculativeResult spec;  // its tokens, accepted lengths and τ
   double greedy_seconds = 0, speculative_seconds = 0;
-  double tau = 0;
   int64_t first_difference = -1;  // -1: lossless
 };
 
@@ -96,14 +95,12 @@ int RunEval(const EvalOptions& o) {
     r.speculative_seconds = Seconds(t0);
     if (!spec.ok()) return fail(spec.status());
     r.greedy = *std::move(greedy);
-    r.speculative = spec->tokens;
-    r.accepted = spec->accepted;
-    r.tau = spec->Tau();
-    const size_t n = std::min(r.greedy.size(), r.speculative.size());
+    r.spec = *std::move(spec);
+    const size_t n = std::min(r.greedy.size(), r.spec.tokens.size());
     for (size_t i = 0; i < n && r.first_difference < 0; ++i) {
-      if (r.greedy[i] != r.speculative[i]) r.first_difference = static_cast<int64_t>(i);
+      if (r.greedy[i] != r.spec.tokens[i]) r.first_difference = static_cast<int64_t>(i);
     }
-    if (r.first_difference < 0 && r.greedy.size() != r.speculative.size()) {
+    if (r.first_difference < 0 && r.greedy.size() != r.spec.tokens.size()) {
       r.first_difference = static_cast<int64_t>(n);
     }
     results.push_back(std::move(r));
@@ -111,32 +108,24 @@ int RunEval(const EvalOptions& o) {
   }
   progress.Finish();
 
-  // Aggregates: τ over prompts; per position k (1..B-1) the share of cycles that accepted draft k;
-  // accepted lengths 1..B; throughput of both decoders.
-  double tau_sum = 0, greedy_seconds = 0, spec_seconds = 0;
-  int64_t greedy_tokens = 0, spec_tokens = 0, cycles = 0, prompts_with_cycles = 0;
-  std::vector<int64_t> histogram(static_cast<size_t>(block) + 1, 0);
+  // Aggregates: τ, acceptance per position and accepted lengths (SpeculativeTally); throughput
+  // of both decoders.
+  SpeculativeTally tally(block);
+  double greedy_seconds = 0, spec_seconds = 0;
+  int64_t greedy_tokens = 0, spec_tokens = 0;
   const PromptResult* lossy = nullptr;
   for (const PromptResult& r : results) {
-    if (!r.accepted.empty()) {
-      tau_sum += r.tau;
-      ++prompts_with_cycles;
-    }
-    for (int64_t a : r.accepted) ++histogram[static_cast<size_t>(a)];
-    cycles += static_cast<int64_t>(r.accepted.size());
+    tally.Add(r.spec);
     greedy_seconds += r.greedy_seconds;
     spec_seconds += r.speculative_seconds;
     greedy_tokens += static_cast<int64_t>(r.greedy.size());
-    spec_tokens += static_cast<int64_t>(r.speculative.size());
+    spec_tokens += static_cast<int64_t>(r.spec.tokens.size());
     if (r.first_difference >= 0 && lossy == nullptr) lossy = &r;
   }
-  const double tau = prompts_with_cycles > 0 ? tau_sum / prompts_with_cycles : 0;
-  std::vector<double> acceptance;  // position k = 1 .. B-1
-  for (int64_t k = 1; k < block; ++k) {
-    int64_t reached = 0;
-    for (int64_t a = k + 1; a <= block; ++a) reached += histogram[static_cast<size_t>(a)];
-    acceptance.push_back(cycles > 0 ? static_cast<double>(reached) / cycles : 0);
-  }
+  const double tau = tally.Tau();
+  const int64_t cycles = tally.cycles();
+  const std::vector<int64_t>& histogram = tally.histogram();
+  const std::vector<double> acceptance = tally.AcceptancePerPosition();
   const double greedy_rate = greedy_seconds > 0 ? greedy_tokens / greedy_seconds : 0;
   const double spec_rate = spec_seconds > 0 ? spec_tokens / spec_seconds : 0;
   const double speedup = greedy_rate > 0 ? spec_rate / greedy_rate : 0;
@@ -162,9 +151,9 @@ int RunEval(const EvalOptions& o) {
     nlohmann::json per = nlohmann::json::array();
     for (const PromptResult& r : results) {
       per.push_back({{"prompt_tokens", r.prompt_tokens},
-                     {"new_tokens", r.speculative.size()},
-                     {"cycles", r.accepted.size()},
-                     {"tau", r.tau},
+                     {"new_tokens", r.spec.tokens.size()},
+                     {"cycles", r.spec.accepted.size()},
+                     {"tau", r.spec.Tau()},
                      {"first_difference", r.first_difference}});
     }
     j["per_prompt"] = per;
@@ -186,14 +175,15 @@ int RunEval(const EvalOptions& o) {
     for (size_t i = 0; i < results.size() && o.per_prompt; ++i) {
       const PromptResult& r = results[i];
       std::printf("%6zu %7lld %10zu %7zu %6.2f %12.1f %12.1f%s\n", i + 1,
-                  static_cast<long long>(r.prompt_tokens), r.speculative.size(), r.accepted.size(),
-                  r.tau, r.greedy_seconds > 0 ? r.greedy.size() / r.greedy_seconds : 0.0,
-                  r.speculative_seconds > 0 ? r.speculative.size() / r.speculative_seconds : 0.0,
+                  static_cast<long long>(r.prompt_tokens), r.spec.tokens.size(),
+                  r.spec.accepted.size(), r.spec.Tau(),
+                  r.greedy_seconds > 0 ? r.greedy.size() / r.greedy_seconds : 0.0,
+                  r.speculative_seconds > 0 ? r.spec.tokens.size() / r.speculative_seconds : 0.0,
                   r.first_difference >= 0 ? "  DIFFERS" : "");
     }
     std::vector<double> taus;
     for (const PromptResult& r : results) {
-      if (!r.accepted.empty()) taus.push_back(r.tau);
+      if (!r.spec.accepted.empty()) taus.push_back(r.spec.Tau());
     }
     std::sort(taus.begin(), taus.end());
     std::printf("tau (mean accepted tokens per verify cycle, mean over prompts): %.2f", tau);
@@ -234,7 +224,7 @@ int RunEval(const EvalOptions& o) {
                  "decoding %s\n",
                  static_cast<long long>(lossy_count), results.size(), index + 1,
                  static_cast<long long>(at), token(lossy->greedy).c_str(),
-                 token(lossy->speculative).c_str());
+                 token(lossy->spec.tokens).c_str());
     return 1;
   }
   if (!o.json) {

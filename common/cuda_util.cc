@@ -1,9 +1,10 @@
 #include "common/cuda_util.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 #if FLASHDRAFT_WITH_CUDA
-#include <cuda_runtime_api.h>
+#include "common/cuda_api.h"
 #endif
 
 namespace flashdraft {
@@ -11,39 +12,46 @@ namespace flashdraft {
 #if FLASHDRAFT_WITH_CUDA
 
 namespace {
-std::string CudaText(cudaError_t e) {
-  return absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e));
+std::string CudaText(const CudaApi& cu, cudaError_t e) {
+  return absl::StrCat(cu.GetErrorName(e), ": ", cu.GetErrorString(e));
 }
 }  // namespace
 
 bool BuiltWithCuda() { return true; }
 
 absl::Status CudaDeviceUsable() {
+  absl::StatusOr<const CudaApi*> cu = LoadCuda();
+  if (!cu.ok())
+    return absl::FailedPreconditionError(
+        absl::StrCat("no usable CUDA device: ", cu.status().message()));
   int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
+  const cudaError_t e = (*cu)->GetDeviceCount(&count);
   if (e != cudaSuccess) {
     return absl::FailedPreconditionError(
-        absl::StrCat("no usable CUDA device (cudaGetDeviceCount: ", CudaText(e), ")"));
+        absl::StrCat("no usable CUDA device (cudaGetDeviceCount: ", CudaText(**cu, e), ")"));
   }
   if (count == 0) return absl::FailedPreconditionError("no CUDA device is visible");
   return absl::OkStatus();
 }
 
 int CudaDeviceCount() {
+  absl::StatusOr<const CudaApi*> cu = LoadCuda();
   int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+  return cu.ok() && (*cu)->GetDeviceCount(&count) == cudaSuccess ? count : 0;
 }
 
 absl::StatusOr<CudaMemory> CudaMemoryInfo(int device) {
+  FD_RETURN_IF_ERROR(CudaDeviceUsable());
+  const CudaApi& cu = **LoadCuda();
   int previous = 0;
-  cudaGetDevice(&previous);
-  cudaError_t e = cudaSetDevice(device);
+  cu.GetDevice(&previous);
+  cudaError_t e = cu.SetDevice(device);
   size_t free_bytes = 0, total_bytes = 0;
-  if (e == cudaSuccess) e = cudaMemGetInfo(&free_bytes, &total_bytes);
-  cudaSetDevice(previous);
+  if (e == cudaSuccess) e = cu.MemGetInfo(&free_bytes, &total_bytes);
+  cu.SetDevice(previous);
   if (e != cudaSuccess) {
     return absl::FailedPreconditionError(
-        absl::StrCat("cudaMemGetInfo on cuda:", device, ": ", CudaText(e)));
+        absl::StrCat("cudaMemGetInfo on cuda:", device, ": ", CudaText(cu, e)));
   }
   return CudaMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
 }

@@ -29,25 +29,19 @@ absl::StatusOr<Coordinator::Evaluator> MakeEvaluator(const JobConfig& job) {
         FD_ASSIGN_OR_RETURN(Drafter drafter, LoadDrafterForTarget(checkpoint_dir, *state->target));
         const int64_t block = state->options.block_size > 0 ? state->options.block_size
                                                             : drafter->config().block_size;
-        EvalSummary summary;
-        summary.accepted_per_position.assign(static_cast<size_t>(block - 1), 0);
-        double tau_sum = 0;
-        int with_cycles = 0;
+        SpeculativeTally tally(block);
         for (const std::vector<int64_t>& prompt : state->prompts.prompts) {
           FD_ASSIGN_OR_RETURN(SpeculativeResult r, SpeculativeGenerate(*state->target, *drafter,
                                                                        prompt, state->options));
-          ++summary.prompts;
-          if (r.accepted.empty()) continue;
-          tau_sum += r.Tau();
-          ++with_cycles;
-          for (int64_t a : r.accepted) {  // a − 1 drafted tokens accepted, at positions 1 .. a − 1
-            ++summary.drafts;
-            summary.draft_tokens += block - 1;
-            summary.accepted_tokens += a - 1;
-            for (int64_t k = 1; k < a; ++k) ++summary.accepted_per_position[k - 1];
-          }
+          tally.Add(r);
         }
-        summary.tau = with_cycles > 0 ? tau_sum / with_cycles : 0;
+        EvalSummary summary;
+        summary.prompts = tally.prompts();
+        summary.drafts = tally.cycles();
+        summary.draft_tokens = tally.draft_tokens();
+        summary.accepted_tokens = tally.accepted_tokens();
+        summary.accepted_per_position = tally.AcceptedPerPosition();
+        summary.tau = tally.Tau();
         return summary;
       });
 }

@@ -28,6 +28,40 @@ double SpeculativeResult::Tau() const {
          static_cast<double>(accepted.size());
 }
 
+SpeculativeTally::SpeculativeTally(int64_t block_size)
+    : block_size_(block_size),
+      histogram_(static_cast<size_t>(std::max<int64_t>(block_size, 1)) + 1, 0) {}
+
+void SpeculativeTally::Add(const SpeculativeResult& r) {
+  ++prompts_;
+  if (r.accepted.empty()) return;
+  ++prompts_with_cycles_;
+  tau_sum_ += r.Tau();
+  for (int64_t a : r.accepted) {
+    ++cycles_;
+    accepted_tokens_ += a - 1;
+    if (a >= 1 && a <= block_size_) ++histogram_[static_cast<size_t>(a)];
+  }
+}
+
+std::vector<int64_t> SpeculativeTally::AcceptedPerPosition() const {
+  std::vector<int64_t> out;
+  for (int64_t k = 1; k < block_size_; ++k) {
+    int64_t reached = 0;  // cycles that accepted more than k tokens
+    for (int64_t a = k + 1; a <= block_size_; ++a) reached += histogram_[static_cast<size_t>(a)];
+    out.push_back(reached);
+  }
+  return out;
+}
+
+std::vector<double> SpeculativeTally::AcceptancePerPosition() const {
+  std::vector<double> out;
+  for (int64_t n : AcceptedPerPosition()) {
+    out.push_back(cycles_ > 0 ? static_cast<double>(n) / static_cast<double>(cycles_) : 0);
+  }
+  return out;
+}
+
 absl::StatusOr<Drafter> LoadDrafterForTarget(const std::string& dir, const TargetModel& target) {
   FD_ASSIGN_OR_RETURN(DrafterModelConfig d, LoadDrafterConfig(dir + "/config.json"));
   const TargetModelConfig& t = target.config();

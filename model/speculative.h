@@ -34,6 +34,35 @@ struct SpeculativeResult {
   double Tau() const;
 };
 
+// The figures of many prompts' results, as `flashdraft eval` prints them and the coordinator's
+// evaluation records them: τ as the mean over the prompts that had a verify cycle, the histogram of
+// accepted lengths 1 .. B, and per block position k = 1 .. B-1 the cycles whose draft token k was
+// accepted (a cycle that accepted a tokens accepted the drafts at positions 1 .. a-1).
+class SpeculativeTally {
+ public:
+  explicit SpeculativeTally(int64_t block_size);
+  void Add(const SpeculativeResult& result);
+
+  int64_t prompts() const { return prompts_; }
+  int64_t cycles() const { return cycles_; }
+  double Tau() const { return prompts_with_cycles_ > 0 ? tau_sum_ / prompts_with_cycles_ : 0; }
+  // [a] = the cycles that accepted a tokens, a = 1 .. B (index 0 unused).
+  const std::vector<int64_t>& histogram() const { return histogram_; }
+  // [k-1] = the cycles that accepted the draft token at position k, k = 1 .. B-1.
+  std::vector<int64_t> AcceptedPerPosition() const;
+  // The same as a share of all cycles (0 without cycles).
+  std::vector<double> AcceptancePerPosition() const;
+  // vLLM's counters: drafted tokens (B-1 per cycle) and the drafted tokens accepted.
+  int64_t draft_tokens() const { return cycles_ * (block_size_ - 1); }
+  int64_t accepted_tokens() const { return accepted_tokens_; }
+
+ private:
+  int64_t block_size_;
+  int64_t prompts_ = 0, prompts_with_cycles_ = 0, cycles_ = 0, accepted_tokens_ = 0;
+  double tau_sum_ = 0;
+  std::vector<int64_t> histogram_;
+};
+
 // An exported (or published) drafter folder — config.json + model.safetensors — checked against
 // the target it drafts for (hidden size, vocabulary, layer ids, mask token; errors name the file
 // and the field), with the target's embedding and lm_head as its frozen tensors.

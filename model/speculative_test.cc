@@ -94,3 +94,30 @@ TEST(SpeculativeTest, OutputEqualsGreedyDecodingForEveryBlockSize) {
 
 }  // namespace
 }  // namespace flashdraft
+
+namespace flashdraft {
+namespace {
+
+// τ is the mean over prompts that had cycles; a cycle that accepted a tokens accepted the drafts
+// at positions 1 .. a-1; vLLM's counters count B-1 drafted tokens per cycle.
+TEST(SpeculativeTallyTest, FiguresOfManyPrompts) {
+  SpeculativeTally tally(4);
+  SpeculativeResult a, b, none;
+  a.accepted = {4, 1, 2};  // τ 7/3
+  b.accepted = {3};        // τ 3
+  tally.Add(a);
+  tally.Add(b);
+  tally.Add(none);  // no cycle: counted as a prompt, not in τ
+  EXPECT_EQ(tally.prompts(), 3);
+  EXPECT_EQ(tally.cycles(), 4);
+  EXPECT_DOUBLE_EQ(tally.Tau(), (7.0 / 3 + 3.0) / 2);
+  EXPECT_EQ(tally.histogram(), (std::vector<int64_t>{0, 1, 1, 1, 1}));
+  EXPECT_EQ(tally.AcceptedPerPosition(), (std::vector<int64_t>{3, 2, 1}));
+  EXPECT_EQ(tally.AcceptancePerPosition(), (std::vector<double>{0.75, 0.5, 0.25}));
+  EXPECT_EQ(tally.draft_tokens(), 12);
+  EXPECT_EQ(tally.accepted_tokens(), 3 + 0 + 1 + 2);
+  EXPECT_DOUBLE_EQ(SpeculativeTally(4).Tau(), 0);
+}
+
+}  // namespace
+}  // namespace flashdraft

@@ -1,8 +1,5 @@
 #include "worker/collective/nccl_collective.h"
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
-
 #include <cstring>
 #include <map>
 #include <thread>
@@ -14,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cuda_api.h"
 #include "common/status_macros.h"
 
 // Returns the CUDA error of `expr` (a cudaError_t) as a Status naming `what`.
@@ -23,10 +21,14 @@ namespace flashdraft {
 namespace {
 
 constexpr const char* kUniqueIdKey = "nccl_unique_id";
+
+// The loaded libraries; Create loads both before anything else calls them.
+const CudaApi& Cu() { return **LoadCuda(); }
+const NcclApi& Nc() { return **LoadNccl(); }
 constexpr auto kPoll = std::chrono::microseconds(50);
 
 std::string CudaText(cudaError_t e) {
-  return absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e));
+  return absl::StrCat(Cu().GetErrorName(e), ": ", Cu().GetErrorString(e));
 }
 
 absl::Status CudaCheck(const char* what, cudaError_t e) {
@@ -35,9 +37,9 @@ absl::Status CudaCheck(const char* what, cudaError_t e) {
 }
 
 absl::Status NcclError(const std::string& what, ncclResult_t r, ncclComm_t comm) {
-  const char* last = ncclGetLastError(comm);
+  const char* last = Nc().GetLastError(comm);
   return absl::UnavailableError(
-      absl::StrCat("NCCL ", what, " failed: ", ncclGetErrorString(r),
+      absl::StrCat("NCCL ", what, " failed: ", Nc().GetErrorString(r),
                    last != nullptr && *last ? absl::StrCat(" (", last, ")") : std::string()));
 }
 
@@ -75,8 +77,8 @@ struct DeviceBuffer {
 };
 
 void FreeBuffer(const DeviceBuffer& b) {
-  if (b.host != nullptr) cudaFreeHost(b.host);
-  if (b.device != nullptr) cudaFree(b.device);
+  if (b.host != nullptr) Cu().FreeHost(b.host);
+  if (b.device != nullptr) Cu().Free(b.device);
 }
 
 }  // namespace
@@ -85,9 +87,9 @@ struct NcclCollective::Impl {
   ~Impl() {
     Abort();
     if (stream != nullptr) {
-      cudaSetDevice(device);
-      cudaStreamSynchronize(stream);  // aborted kernels end; the buffers are then free to go
-      cudaStreamDestroy(stream);
+      Cu().SetDevice(device);
+      Cu().StreamSynchronize(stream);  // aborted kernels end; the buffers are then free to go
+      Cu().StreamDestroy(stream);
     }
     absl::MutexLock lock(&mu);
     for (auto& [bytes, b] : free_buffers) FreeBuffer(b);
@@ -98,7 +100,7 @@ struct NcclCollective::Impl {
   void Abort() {
     absl::MutexLock lock(&mu);
     if (comm != nullptr) {
-      ncclCommAbort(comm);
+      Nc().CommAbort(comm);
       comm = nullptr;
     }
     aborted = true;
@@ -109,7 +111,7 @@ struct NcclCollective::Impl {
     absl::MutexLock lock(&mu);
     if (aborted) return absl::AbortedError(absl::StrCat("NCCL ", what, ": communicator aborted"));
     ncclResult_t async = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm, &async);
+    const ncclResult_t r = Nc().CommGetAsyncError(comm, &async);
     if (r != ncclSuccess) return NcclError(what, r, comm);
     if (async != ncclSuccess && async != ncclInProgress) return NcclError(what, async, comm);
     return absl::OkStatus();
@@ -126,7 +128,7 @@ struct NcclCollective::Impl {
       }
       std::this_thread::sleep_for(kPoll);
       ncclResult_t async = ncclSuccess;
-      const ncclResult_t q = ncclCommGetAsyncError(comm, &async);
+      const ncclResult_t q = Nc().CommGetAsyncError(comm, &async);
       r = q != ncclSuccess ? q : async;
     }
     return r == ncclSuccess ? absl::OkStatus() : NcclError(what, r, comm);
@@ -144,8 +146,8 @@ struct NcclCollective::Impl {
     }
     DeviceBuffer b;
     b.bytes = std::max<size_t>(bytes, 256);
-    absl::Status s = CudaCheck("cudaHostAlloc", cudaHostAlloc(&b.host, b.bytes, 0));
-    if (s.ok()) s = CudaCheck("cudaMalloc", cudaMalloc(&b.device, b.bytes));
+    absl::Status s = CudaCheck("cudaHostAlloc", Cu().HostAlloc(&b.host, b.bytes, 0));
+    if (s.ok()) s = CudaCheck("cudaMalloc", Cu().Malloc(&b.device, b.bytes));
     if (!s.ok()) {
       FreeBuffer(b);
       return absl::ResourceExhaustedError(
@@ -188,8 +190,8 @@ class NcclWork : public CollectiveWork {
   NcclWork(std::shared_ptr<Impl> impl, std::string what)
       : impl_(std::move(impl)), what_(std::move(what)) {}
   ~NcclWork() override {
-    if (done_ != nullptr) cudaEventDestroy(done_);
-    if (ready_ != nullptr) cudaEventDestroy(ready_);
+    if (done_ != nullptr) Cu().EventDestroy(done_);
+    if (ready_ != nullptr) Cu().EventDestroy(ready_);
     if (!finished_) {
       impl_->Abandon(std::move(buffers_));
     } else {
@@ -200,11 +202,11 @@ class NcclWork : public CollectiveWork {
   // Before the operation: the collective's stream waits for what LibTorch queued on the default
   // stream (the operands' producers), and host operands are staged.
   absl::Status Begin() {
-    FD_CUDA_RETURN(cudaSetDevice(impl_->device), "cudaSetDevice");
-    FD_CUDA_RETURN(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
-    FD_CUDA_RETURN(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
-    FD_CUDA_RETURN(cudaEventRecord(ready_, nullptr), "cudaEventRecord");
-    FD_CUDA_RETURN(cudaStreamWaitEvent(impl_->stream, ready_, 0), "cudaStreamWaitEvent");
+    FD_CUDA_RETURN(Cu().SetDevice(impl_->device), "cudaSetDevice");
+    FD_CUDA_RETURN(Cu().EventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    FD_CUDA_RETURN(Cu().EventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+    FD_CUDA_RETURN(Cu().EventRecord(ready_, nullptr), "cudaEventRecord");
+    FD_CUDA_RETURN(Cu().StreamWaitEvent(impl_->stream, ready_, 0), "cudaStreamWaitEvent");
     return absl::OkStatus();
   }
 
@@ -224,7 +226,7 @@ class NcclWork : public CollectiveWork {
     buffers_.push_back(*b);
     if (copy_in && n > 0) {
       std::memcpy(b->host, t.data_ptr(), n);
-      FD_CUDA_RETURN(cudaMemcpyAsync(b->device, b->host, n, cudaMemcpyHostToDevice, impl_->stream),
+      FD_CUDA_RETURN(Cu().MemcpyAsync(b->device, b->host, n, cudaMemcpyHostToDevice, impl_->stream),
                      "cudaMemcpyAsync");
     }
     if (copy_back) back_.push_back({t, b->host, b->device, n});
@@ -237,7 +239,7 @@ class NcclWork : public CollectiveWork {
     if (out.is_cuda()) {
       keep_.push_back(out);
       FD_CUDA_RETURN(
-          cudaMemcpyAsync(out.data_ptr(), src, n, cudaMemcpyDeviceToDevice, impl_->stream),
+          Cu().MemcpyAsync(out.data_ptr(), src, n, cudaMemcpyDeviceToDevice, impl_->stream),
           "cudaMemcpyAsync");
       return absl::OkStatus();
     }
@@ -253,10 +255,10 @@ class NcclWork : public CollectiveWork {
     for (const Back& b : back_) {
       if (b.bytes == 0) continue;
       FD_CUDA_RETURN(
-          cudaMemcpyAsync(b.pinned, b.device, b.bytes, cudaMemcpyDeviceToHost, impl_->stream),
+          Cu().MemcpyAsync(b.pinned, b.device, b.bytes, cudaMemcpyDeviceToHost, impl_->stream),
           "cudaMemcpyAsync");
     }
-    FD_CUDA_RETURN(cudaEventRecord(done_, impl_->stream), "cudaEventRecord");
+    FD_CUDA_RETURN(Cu().EventRecord(done_, impl_->stream), "cudaEventRecord");
     started_ = true;
     return absl::OkStatus();
   }
@@ -269,7 +271,7 @@ class NcclWork : public CollectiveWork {
     if (finished_ || !status_.ok() || !started_) return status_;
     const double deadline = impl_->clock->Now() + impl_->timeout.count() / 1000.0;
     while (true) {
-      const cudaError_t q = cudaEventQuery(done_);
+      const cudaError_t q = Cu().EventQuery(done_);
       if (q == cudaSuccess) break;
       if (q != cudaErrorNotReady) return status_ = CudaCheck("cudaEventQuery", q);
       if (absl::Status s = impl_->AsyncError(what_); !s.ok()) return status_ = s;
@@ -288,7 +290,7 @@ class NcclWork : public CollectiveWork {
       if (b.bytes > 0) std::memcpy(b.tensor.data_ptr(), b.pinned, b.bytes);
     }
     // LibTorch's later kernels on the default stream read the results after the operation.
-    if (!keep_.empty()) cudaStreamWaitEvent(nullptr, done_, 0);
+    if (!keep_.empty()) Cu().StreamWaitEvent(nullptr, done_, 0);
     back_.clear();
     keep_.clear();
     finished_ = true;
@@ -361,6 +363,7 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Create(
     c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, const NcclOptions& options,
     const AbortCheck& abort) {
   FD_RETURN_IF_ERROR(CudaDeviceUsable());
+  FD_RETURN_IF_ERROR(LoadNccl().status());
   if (options.device < 0 || options.device >= CudaDeviceCount()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "CUDA device ", options.device, " does not exist (", CudaDeviceCount(), " visible)"));
@@ -371,15 +374,15 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Create(
   impl->device = options.device;
   impl->timeout = options.timeout;
   impl->clock = options.clock;
-  FD_RETURN_IF_ERROR(CudaCheck("cudaSetDevice", cudaSetDevice(options.device)));
+  FD_RETURN_IF_ERROR(CudaCheck("cudaSetDevice", Cu().SetDevice(options.device)));
   FD_RETURN_IF_ERROR(CudaCheck("cudaStreamCreate",
-                               cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking)));
+                               Cu().StreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking)));
 
   // The unique id: made by rank 0, read by the others from the epoch's store.
   ncclUniqueId id;
   std::string mine;
   if (rank == 0) {
-    const ncclResult_t r = ncclGetUniqueId(&id);
+    const ncclResult_t r = Nc().GetUniqueId(&id);
     if (r != ncclSuccess) return NcclError("ncclGetUniqueId", r, nullptr);
     mine.assign(reinterpret_cast<const char*>(&id), sizeof(id));
   }
@@ -393,19 +396,19 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Create(
   config.blocking = 0;
   {
     absl::MutexLock lock(&impl->mu);
-    ncclResult_t r = ncclCommInitRankConfig(&impl->comm, world_size, id, rank, &config);
+    ncclResult_t r = Nc().CommInitRankConfig(&impl->comm, world_size, id, rank, &config);
     while (r == ncclInProgress) {
       if ((abort && abort()) || clock.Now() > deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       ncclResult_t async = ncclSuccess;
-      const ncclResult_t q = ncclCommGetAsyncError(impl->comm, &async);
+      const ncclResult_t q = Nc().CommGetAsyncError(impl->comm, &async);
       r = q != ncclSuccess ? q : async;
     }
     const std::string what = absl::StrCat("forming the communicator (rank ", rank, " of ",
                                           world_size, ", cuda:", options.device, ")");
     if (r == ncclInProgress) {
       const bool aborted = abort && abort();
-      ncclCommAbort(impl->comm);
+      Nc().CommAbort(impl->comm);
       impl->comm = nullptr;
       if (aborted) return absl::AbortedError(absl::StrCat("NCCL ", what, " abandoned"));
       return absl::DeadlineExceededError(
@@ -413,7 +416,7 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Create(
     }
     if (r != ncclSuccess) {
       absl::Status s = NcclError(what, r, impl->comm);
-      if (impl->comm != nullptr) ncclCommAbort(impl->comm);
+      if (impl->comm != nullptr) Nc().CommAbort(impl->comm);
       impl->comm = nullptr;
       return s;
     }
@@ -436,8 +439,8 @@ std::unique_ptr<CollectiveWork> NcclCollective::StartAllReduceSum(torch::Tensor 
     FD_ASSIGN_OR_RETURN(char* p, w.Operand(flat, /*copy_in=*/true, /*copy_back=*/true));
     absl::MutexLock lock(&impl_->mu);
     if (impl_->aborted) return absl::AbortedError("NCCL allreduce: communicator aborted");
-    return impl_->Settle("allreduce", ncclAllReduce(p, p, static_cast<size_t>(flat.numel()), type,
-                                                    ncclSum, impl_->comm, impl_->stream));
+    return impl_->Settle("allreduce", Nc().AllReduce(p, p, static_cast<size_t>(flat.numel()), type,
+                                                     ncclSum, impl_->comm, impl_->stream));
   });
 }
 
@@ -459,19 +462,19 @@ std::unique_ptr<CollectiveWork> NcclCollective::StartAllToAll(torch::Tensor send
     FD_ASSIGN_OR_RETURN(char* r, w.Operand(recv, /*copy_in=*/false, /*copy_back=*/true));
     absl::MutexLock lock(&impl_->mu);
     if (impl_->aborted) return absl::AbortedError("NCCL alltoall: communicator aborted");
-    ncclResult_t res = ncclGroupStart();
+    ncclResult_t res = Nc().GroupStart();
     size_t so = 0, ro = 0;
     for (int p = 0; p < world_size_ && res == ncclSuccess; ++p) {
       const size_t sn = static_cast<size_t>(send_rows[p]) * row_bytes;
       const size_t rn = static_cast<size_t>(recv_rows[p]) * row_bytes;
-      if (sn > 0) res = ncclSend(s + so, sn, ncclUint8, p, impl_->comm, impl_->stream);
+      if (sn > 0) res = Nc().Send(s + so, sn, ncclUint8, p, impl_->comm, impl_->stream);
       if (res == ncclSuccess && rn > 0) {
-        res = ncclRecv(r + ro, rn, ncclUint8, p, impl_->comm, impl_->stream);
+        res = Nc().Recv(r + ro, rn, ncclUint8, p, impl_->comm, impl_->stream);
       }
       so += sn;
       ro += rn;
     }
-    const ncclResult_t end = ncclGroupEnd();
+    const ncclResult_t end = Nc().GroupEnd();
     return impl_->Settle("alltoall", res != ncclSuccess ? res : end);
   });
 }
@@ -493,7 +496,7 @@ std::unique_ptr<CollectiveWork> NcclCollective::StartAllGather(std::vector<torch
       absl::MutexLock lock(&impl_->mu);
       if (impl_->aborted) return absl::AbortedError("NCCL allgather: communicator aborted");
       FD_RETURN_IF_ERROR(impl_->Settle(
-          "allgather", ncclAllGather(in, all, n, ncclUint8, impl_->comm, impl_->stream)));
+          "allgather", Nc().AllGather(in, all, n, ncclUint8, impl_->comm, impl_->stream)));
     }
     for (int r = 0; r < world_size_; ++r) {
       if (Bytes(outputs[r]) != n || !outputs[r].is_contiguous()) {
@@ -512,8 +515,8 @@ std::unique_ptr<CollectiveWork> NcclCollective::StartBroadcast(torch::Tensor ten
                                            /*copy_back=*/rank_ != root));
     absl::MutexLock lock(&impl_->mu);
     if (impl_->aborted) return absl::AbortedError("NCCL broadcast: communicator aborted");
-    return impl_->Settle("broadcast", ncclBroadcast(p, p, Bytes(tensor), ncclUint8, root,
-                                                    impl_->comm, impl_->stream));
+    return impl_->Settle("broadcast", Nc().Broadcast(p, p, Bytes(tensor), ncclUint8, root,
+                                                     impl_->comm, impl_->stream));
   });
 }
 
