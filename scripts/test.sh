@@ -33,5 +33,12 @@ for f in $FUZZERS; do
 done
 
 scripts/build.sh
+# The GPU path (docs/GPU.md) is compiled wherever /usr/local/cuda has NCCL; its GPU tests skip here.
+if grep -q "^FLASHDRAFT_NCCL_INCLUDE\|^NCCL_INCLUDE_DIR:PATH=/" build/CMakeCache.txt; then
+  echo "GPU path: compiled against $(sed -n 's/^NCCL_INCLUDE_DIR:PATH=//p' build/CMakeCache.txt)" \
+    "(tests that need a GPU skip and say so)"
+else
+  echo "GPU path: not compiled (no NCCL in /usr/local/cuda; -DFLASHDRAFT_WITH_CUDA=ON with NCCL_ROOT)"
+fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 cd build && ctest --output-on-failure --timeout 900 -j 2

@@ -707,6 +707,12 @@ TEST(DeployTest, ContainerImagesTrainAJobOnAPodmanNetwork) {
       absl::StrCat(kBin, "/flashdraft launch ", root, "/reference.yaml --workers 2 2>&1"));
   ASSERT_EQ(reference.exit_code, 0) << reference.output;
 
+  // A run killed before its cleanup left its network (this subnet) and containers: remove them.
+  const std::string stale_networks =
+      podman.Run("network ls --format '{{.Name}}' --filter name=^fdtest").output;
+  for (absl::string_view stale : absl::StrSplit(stale_networks, '\n', absl::SkipEmpty())) {
+    if (stale != podman.network()) podman.Run(absl::StrCat("network rm -f ", stale));
+  }
   auto network = podman.Run("network create --subnet 10.213.9.0/24 " + podman.network());
   ASSERT_EQ(network.exit_code, 0) << network.output;
   const std::string id = absl::StrCat(getpid());
@@ -737,10 +743,10 @@ TEST(DeployTest, ContainerImagesTrainAJobOnAPodmanNetwork) {
                                ReadSteps(root + "/reference/steps.jsonl")),
             "");
   auto exported = ReadFile(root + "/out/drafter/model.safetensors");
-  auto reference = ReadFile(root + "/reference/drafter/model.safetensors");
+  auto expected = ReadFile(root + "/reference/drafter/model.safetensors");
   ASSERT_TRUE(exported.ok()) << exported.status();
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  EXPECT_TRUE(*exported == *reference);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_TRUE(*exported == *expected);
 }
 
 }  // namespace

@@ -218,6 +218,13 @@ eval: {every_steps: 12, prompts: )",
                                        dir.Join("run"), " --prompts ", dir.Join("chats.jsonl")));
   EXPECT_EQ(other.exit_code, 1);
   EXPECT_THAT(other.output, HasSubstr("run/config.json"));
+  // target.device: cuda where the coordinator's LibTorch has no CUDA: refused before any work.
+  auto gpu =
+      RunCommand(absl::StrCat(kCli, " launch ", dir.Join("job.yaml"),
+                              " --workers 1 --set target.device=cuda --out ", dir.Join("gpu-run")));
+  EXPECT_EQ(gpu.exit_code, 1) << gpu.output;
+  EXPECT_THAT(gpu.output, HasSubstr("target.device is cuda, but the coordinator's LibTorch has no "
+                                    "CUDA device"));
 }
 
 }  // namespace
