@@ -548,7 +548,8 @@ absl::Status MakeBundle(Deployment& d, const PveContainer& c, const std::string&
         0600));
     std::string env = absl::StrCat("NCCL_SOCKET_IFNAME=", d.cluster.interface,
                                    "\nGLOO_SOCKET_IFNAME=", d.cluster.interface, "\n");
-    if (c.gpu >= 0) absl::StrAppend(&env, "CUDA_VISIBLE_DEVICES=", c.gpu, "\n");
+    // The container sees only its own GPU (one device node passed through): CUDA's device 0.
+    if (c.gpu >= 0) absl::StrAppend(&env, "CUDA_VISIBLE_DEVICES=0\n");
     FD_RETURN_IF_ERROR(
         WriteMode(absl::StrCat(dir, "/etc/worker-", WorkerInstance(c), ".env"), env, 0600));
   }

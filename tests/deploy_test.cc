@@ -525,6 +525,10 @@ TEST(DeployTest, ProxmoxDryRunIsWhatTheDocsShowAndBadClusterFilesAreRefused) {
   EXPECT_EQ(normalized(dry.output), normalized(docs.substr(from, docs.find(end) - from)))
       << "docs/DEPLOY.md's dry-run block is out of date";
   EXPECT_THAT(dry.output, HasSubstr("pct set 204 --dev0 /dev/nvidia3 --dev1 /dev/nvidiactl"));
+  // Host GPU 3 is the container's only GPU, so CUDA's device 0 inside it.
+  auto env = ReadFile(dir.Join("flashdraft-pve-demo/bundles/ct204/etc/worker-gpu3.env"));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_THAT(*env, HasSubstr("CUDA_VISIBLE_DEVICES=0\n"));
 
   // The classic passthrough for hosts before Proxmox 8.2.
   const std::string cgroup = dir.Join("cgroup.yaml");
