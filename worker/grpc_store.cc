@@ -89,4 +89,10 @@ void GrpcStore::wait(const std::vector<std::string>& keys,
   PollUntil([&] { return check(keys); }, timeout, std::to_string(keys.size()) + " key(s)");
 }
 
+#if FLASHDRAFT_STORE_HAS_CLONE
+c10::intrusive_ptr<c10d::Store> GrpcStore::clone() {
+  return c10::make_intrusive<GrpcStore>(stub_, token_, timeout_);
+}
+#endif
+
 }  // namespace flashdraft

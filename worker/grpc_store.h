@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "flashdraft/v1/coordinator.grpc.pb.h"
+#include "worker/torch_compat.h"
 
 namespace flashdraft {
 
@@ -25,6 +26,10 @@ class GrpcStore : public c10d::Store {
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override;
+#if FLASHDRAFT_STORE_HAS_CLONE
+  // The same store for another thread (the stub is thread-safe).
+  c10::intrusive_ptr<c10d::Store> clone() override;
+#endif
 
  private:
   v1::StoreReply Call(v1::StoreRequest request);
