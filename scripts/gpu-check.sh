@@ -10,7 +10,10 @@
 #      reducer's;
 #   3. the drafter's step on the GPU against the CPU reference (fp32 within 1e-4, bf16 within the
 #      bf16 tolerance) and the precision tests;
-#   4. bench/gpu_step_bench at the Qwen3-8B drafter shape (bf16, fp32 peer).
+#   4. a whole job on the GPU through `flashdraft launch` (coordinator, a worker on cuda:0 over
+#      NCCL): over 30 steps fp32 must follow the CPU/Gloo run of the same job (every loss within 1%), bf16
+#      within 3%;
+#   5. bench/gpu_step_bench at the Qwen3-8B drafter shape (bf16, fp32 peer).
 # Meant to finish in under 8 minutes on an H200 with 16 cores. Output: the test summaries and the
 # benchmark table; with $OUT set, logs go there too.
 #
@@ -70,7 +73,8 @@ fi
 
 stamp "building the tests and the benchmark"
 cmake --build build-gpu -j "$(nproc)" \
-  --target flashdraft_worker_test flashdraft_model_test gpu_step_bench \
+  --target flashdraft_worker_test flashdraft_model_test gpu_step_bench flashdraft \
+  flashdraft-coordinator flashdraft-worker \
   >"$log_dir/build.log" 2>&1 || { grep -B2 -A12 "error" "$log_dir/build.log" | head -120; exit 1; }
 
 status=0
@@ -82,6 +86,51 @@ stamp "the drafter step on the GPU against the CPU, bf16"
 build-gpu/bin/flashdraft_model_test --gtest_brief=1 \
   --gtest_filter='DeviceTest*:PrecisionTest*:TrainerTest*:DrafterParity*' 2>&1 |
   tee "$log_dir/device.log" | tail -40 || status=1
+stamp "a whole job on the GPU (launch: coordinator + a worker on cuda:0 over NCCL)"
+job_dir=/tmp/flashdraft-gpu-job
+rm -rf "$job_dir" && mkdir -p "$job_dir"
+build-gpu/bin/flashdraft make-shards --out "$job_dir/shards" --samples 96 --seq 64 --vocab 48 \
+  --hidden 32 --seed 2 >/dev/null
+cat >"$job_dir/job.yaml" <<YAML
+name: gpu-check
+output_dir: $job_dir/cpu
+drafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, max_anchors: 8}
+data: {source: shards, shards_dir: $job_dir/shards, max_seq_len: 64}
+train: {seed: 1, learning_rate: 0.01, max_steps: 30, global_batch_size: 6}
+cluster: {heartbeat_interval_seconds: 1, heartbeat_timeout_seconds: 60, collective_timeout_seconds: 120}
+checkpoint: {every_steps: 10}
+YAML
+gpu_job() {  # name, extra --set flags
+  local name=$1; shift
+  build-gpu/bin/flashdraft launch "$job_dir/job.yaml" --workers 1 --out "$job_dir/$name" "$@" \
+    >"$log_dir/job-$name.log" 2>&1 || { tail -30 "$log_dir/job-$name.log"; status=1; }
+}
+gpu_job cpu
+gpu_job cuda-fp32 --set cluster.backend=nccl --set worker.device=cuda
+gpu_job cuda-bf16 --set cluster.backend=nccl --set worker.device=cuda --set train.precision=bf16
+$PYTHON - "$job_dir" <<'PY' || status=1
+import json, sys
+def losses(run):
+    try:
+        with open(f"{sys.argv[1]}/{run}/steps.jsonl") as f:
+            return [r["loss"] for r in map(json.loads, f) if "event" not in r]
+    except OSError as e:
+        print(f"{run}: no steps ({e})")
+        return []
+cpu = losses("cpu")
+ok = len(cpu) == 30
+for run, tol in (("cuda-fp32", 0.01), ("cuda-bf16", 0.03)):
+    got = losses(run)
+    if not got or len(got) != len(cpu):
+        ok = False
+        continue
+    worst = max(abs(a - b) / a for a, b in zip(cpu, got))
+    print(f"{run}: {len(got)} steps, loss {got[0]:.4f} -> {got[-1]:.4f} (cpu {cpu[0]:.4f} -> "
+          f"{cpu[-1]:.4f}), largest step difference {100 * worst:.3f}% (allowed {100 * tol:g}%)")
+    ok = ok and worst <= tol
+sys.exit(0 if ok else 1)
+PY
+
 if [[ $bench == 1 ]]; then
   stamp "gpu_step_bench (Qwen3-8B drafter shape)"
   build-gpu/bin/gpu_step_bench --device cuda --preset qwen3-8b --batch 16 --fp32-batch 2 \
