@@ -33,10 +33,13 @@ namespace {
 
 using ::flashdraft::testing::FirstDifferentStep;
 using ::flashdraft::testing::FreeTcpPort;
+using ::flashdraft::testing::PkiSecurityYaml;
 using ::flashdraft::testing::ReadEvents;
 using ::flashdraft::testing::ReadSteps;
 using ::flashdraft::testing::RunCommand;
 using ::flashdraft::testing::ShellQuote;
+using ::flashdraft::testing::SmallJob;
+using ::flashdraft::testing::SmallJobYaml;
 using ::flashdraft::testing::StartProcess;
 using ::flashdraft::testing::TempDir;
 using ::flashdraft::testing::WaitForPortFile;
@@ -101,18 +104,13 @@ void WriteSecuredJob(const std::string& root, const std::string& path, const std
   r = RunCommand(absl::StrCat(kSource, "/deploy/make-certs.sh ", pki));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  EXPECT_TRUE(
-      WriteFileAtomically(
-          path, absl::StrCat(
-                    "name: deploy\noutput_dir: ", root, "/out\n",
-                    "drafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, "
-                    "max_anchors: 8}\ndata: {source: shards, shards_dir: ",
-                    root, "/shards, max_seq_len: 64}\n", "train: {seed: 1, max_steps: ", max_steps,
-                    ", global_batch_size: 6}\n", "security: {tls_cert: ", pki,
-                    "/coordinator.pem, tls_key: ", pki, "/coordinator.key, tls_ca: ", pki,
-                    "/ca.pem, client_cert: ", pki, "/worker.pem, client_key: ", pki,
-                    "/worker.key, token_file: ", pki, "/token}\n"))
-          .ok());
+  SmallJob job;
+  job.name = "deploy";
+  job.output_dir = root + "/out";
+  job.shards_dir = root + "/shards";
+  job.max_steps = max_steps;
+  job.extra = PkiSecurityYaml(pki);
+  EXPECT_TRUE(WriteFileAtomically(path, SmallJobYaml(job)).ok());
 }
 
 TEST(DeployTest, TheUnitsCommandLinesTrainASecuredJob) {
@@ -408,15 +406,11 @@ TEST(DeployTest, ProxmoxDeploysTheJobIntoLxcContainers) {
                                         "  - {id: 302, role: worker, ip: 10.213.7.12/24}\n"))
                   .ok());
   auto write_job = [&](const std::string& path, int steps) {
-    ASSERT_TRUE(
-        WriteFileAtomically(path, absl::StrCat("name: pvetest\n"
-                                               "drafter: {num_hidden_layers: 1, block_size: 8, "
-                                               "num_target_features: 2, max_anchors: 8}\n"
-                                               "data: {source: shards, shards_dir: /data/shards, "
-                                               "max_seq_len: 64}\n"
-                                               "train: {seed: 1, max_steps: ",
-                                               steps, ", global_batch_size: 6}\n"))
-            .ok());
+    SmallJob job;
+    job.name = "pvetest";
+    job.shards_dir = "/data/shards";
+    job.max_steps = steps;
+    ASSERT_TRUE(WriteFileAtomically(path, SmallJobYaml(job)).ok());
   };
   const std::string job = root + "/job.yaml";
   write_job(job, 120);
@@ -691,15 +685,14 @@ TEST(DeployTest, ContainerImagesTrainAJobOnAPodmanNetwork) {
                                       "/pki && mkdir -m 777 ", root, "/out 2>&1"));
   ASSERT_EQ(made.exit_code, 0) << made.output;
   auto job = [](const std::string& at, const std::string& out, const std::string& listen) {
-    return absl::StrCat(
-        "name: podtest\noutput_dir: ", out,
-        "\ndrafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, "
-        "max_anchors: 8}\ndata: {source: shards, shards_dir: ",
-        at, "/shards, max_seq_len: 64}\ntrain: {seed: 1, max_steps: 300, global_batch_size: 6}\n",
-        "cluster: {listen: '", listen, "', max_workers: 2, min_workers: 2}\n",
-        "security: {tls_cert: ", at, "/pki/coordinator.pem, tls_key: ", at,
-        "/pki/coordinator.key, tls_ca: ", at, "/pki/ca.pem, client_cert: ", at,
-        "/pki/worker.pem, client_key: ", at, "/pki/worker.key, token_file: ", at, "/pki/token}\n");
+    SmallJob j;
+    j.name = "podtest";
+    j.output_dir = out;
+    j.shards_dir = at + "/shards";
+    j.max_steps = 300;
+    j.extra = absl::StrCat("cluster: {listen: '", listen, "', max_workers: 2, min_workers: 2}\n",
+                           PkiSecurityYaml(at + "/pki"));
+    return SmallJobYaml(j);
   };
   ASSERT_TRUE(WriteFileAtomically(etc + "/job.yaml",
                                   job("/etc/flashdraft", "/var/lib/flashdraft/out", "0.0.0.0:7600"))

@@ -34,18 +34,16 @@ using ::testing::HasSubstr;
 const std::string kBin = FLASHDRAFT_BIN_DIR;
 
 std::string JobYaml(const std::string& shards, const std::string& out, int steps) {
-  return absl::StrCat(R"(
-name: test
-output_dir: )",
-                      out, R"(
-drafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, max_anchors: 8}
-data: {source: shards, shards_dir: )",
-                      shards, R"(, max_seq_len: 64}
-train: {seed: 1, learning_rate: 0.01, max_steps: )",
-                      steps, R"(, global_batch_size: 6}
-cluster: {heartbeat_interval_seconds: 1, heartbeat_timeout_seconds: 60, join_timeout_seconds: 60, collective_timeout_seconds: 60}
-checkpoint: {every_steps: 10, keep_last: 5}
-)");
+  ::flashdraft::testing::SmallJob job;
+  job.output_dir = out;
+  job.shards_dir = shards;
+  job.max_steps = steps;
+  job.learning_rate = 0.01;
+  job.extra =
+      "cluster: {heartbeat_interval_seconds: 1, heartbeat_timeout_seconds: 60, "
+      "join_timeout_seconds: 60, collective_timeout_seconds: 60}\n"
+      "checkpoint: {every_steps: 10, keep_last: 5}\n";
+  return ::flashdraft::testing::SmallJobYaml(job);
 }
 
 using ::flashdraft::testing::FindProcess;

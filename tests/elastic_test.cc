@@ -41,23 +41,21 @@ constexpr int kSteps = 150;
 // loaded CI machine must not make a healthy worker look lost. `cluster` adds cluster settings.
 std::string JobYaml(const std::string& shards, int min_workers, int heartbeat_timeout,
                     const std::string& cluster = "", const std::string& output_dir = "unused") {
-  return absl::StrCat(R"(
-name: elastic
-output_dir: )",
-                      output_dir, R"(
-drafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, max_anchors: 8}
-data: {source: shards, shards_dir: )",
-                      shards, R"(, max_seq_len: 64}
-train: {seed: 3, learning_rate: 0.01, max_steps: )",
-                      kSteps, R"(, global_batch_size: 6}
-cluster: {min_workers: )",
-                      min_workers, R"(, max_workers: 3, heartbeat_interval_seconds: 0.5,
-  heartbeat_timeout_seconds: )",
-                      heartbeat_timeout,
-                      R"(, join_timeout_seconds: 60, collective_timeout_seconds: 60)", cluster,
-                      R"(}
-checkpoint: {every_steps: 50, keep_last: 2}
-)");
+  ::flashdraft::testing::SmallJob job;
+  job.name = "elastic";
+  job.output_dir = output_dir;
+  job.shards_dir = shards;
+  job.max_steps = kSteps;
+  job.seed = 3;
+  job.learning_rate = 0.01;
+  job.extra = absl::StrCat("cluster: {min_workers: ", min_workers,
+                           ", max_workers: 3, heartbeat_interval_seconds: 0.5, "
+                           "heartbeat_timeout_seconds: ",
+                           heartbeat_timeout,
+                           ", join_timeout_seconds: 60, "
+                           "collective_timeout_seconds: 60",
+                           cluster, "}\n", "checkpoint: {every_steps: 50, keep_last: 2}\n");
+  return ::flashdraft::testing::SmallJobYaml(job);
 }
 
 // Processes started by a test, killed (SIGKILL, then reaped) when it ends.

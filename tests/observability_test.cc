@@ -52,12 +52,13 @@ std::string WriteJob(const TempDir& dir, const std::string& name, int steps,
                                       " --samples 24 --seq 64 --vocab 48 --hidden 32 --seed 2"));
   EXPECT_EQ(made.exit_code, 0) << made.output;
   const std::string job = dir.Join("job.yaml");
-  const absl::Status written = WriteFileAtomically(
-      job, absl::StrCat("name: ", name, "\noutput_dir: ", dir.Join("out"),
-                        "\ndrafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, "
-                        "max_anchors: 8}\ndata: {source: shards, shards_dir: ",
-                        dir.Join("shards"), ", max_seq_len: 64}\ntrain: {seed: 1, max_steps: ",
-                        steps, ", global_batch_size: 6}\n", extra));
+  ::flashdraft::testing::SmallJob small;
+  small.name = name;
+  small.output_dir = dir.Join("out");
+  small.shards_dir = dir.Join("shards");
+  small.max_steps = steps;
+  small.extra = extra;
+  const absl::Status written = WriteFileAtomically(job, ::flashdraft::testing::SmallJobYaml(small));
   return made.exit_code == 0 && written.ok() ? job : "";
 }
 

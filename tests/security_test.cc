@@ -76,17 +76,14 @@ class SecurityTest : public ::testing::Test {
   static std::string WriteJob(const std::string& name, const std::string& security,
                               const std::string& cluster = "") {
     const std::string path = dir_->Join(name + ".yaml");
-    const std::string yaml =
-        absl::StrCat("name: ", name, "\noutput_dir: ", dir_->Join(name),
-                     "\ndrafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, "
-                     "max_anchors: 8}\ndata: {source: shards, shards_dir: ",
-                     dir_->Join("shards"),
-                     ", max_seq_len: 64}\ntrain: {seed: 1, max_steps: 4, global_batch_size: 6}\n"
-                     "cluster: {listen: '0.0.0.0:0', join_timeout_seconds: 60",
-                     cluster,
-                     "}\n"
-                     "security:\n",
-                     security);
+    ::flashdraft::testing::SmallJob job;
+    job.name = name;
+    job.output_dir = dir_->Join(name);
+    job.shards_dir = dir_->Join("shards");
+    job.max_steps = 4;
+    job.extra = absl::StrCat("cluster: {listen: '0.0.0.0:0', join_timeout_seconds: 60", cluster,
+                             "}\nsecurity:\n", security);
+    const std::string yaml = ::flashdraft::testing::SmallJobYaml(job);
     EXPECT_TRUE(WriteFileAtomically(path, yaml).ok());
     return path;
   }

@@ -281,4 +281,24 @@ std::string FirstDifferentStep(const std::vector<nlohmann::json>& a,
   return "";
 }
 
+std::string SmallJobYaml(const SmallJob& job) {
+  std::string yaml = absl::StrCat("name: ", job.name, "\n");
+  if (!job.output_dir.empty()) absl::StrAppend(&yaml, "output_dir: ", job.output_dir, "\n");
+  absl::StrAppend(&yaml,
+                  "drafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, "
+                  "max_anchors: 8}\n",
+                  "data: {source: shards, shards_dir: ", job.shards_dir, ", max_seq_len: 64}\n",
+                  "train: {seed: ", job.seed);
+  if (job.learning_rate > 0) absl::StrAppend(&yaml, ", learning_rate: ", job.learning_rate);
+  absl::StrAppend(&yaml, ", max_steps: ", job.max_steps, ", global_batch_size: 6}\n", job.extra);
+  return yaml;
+}
+
+std::string PkiSecurityYaml(const std::string& pki) {
+  return absl::StrCat("security: {tls_cert: ", pki, "/coordinator.pem, tls_key: ", pki,
+                      "/coordinator.key, tls_ca: ", pki, "/ca.pem, client_cert: ", pki,
+                      "/worker.pem, client_key: ", pki, "/worker.key, token_file: ", pki,
+                      "/token}\n");
+}
+
 }  // namespace flashdraft::testing

@@ -106,6 +106,24 @@ std::vector<nlohmann::json> ReadEvents(const std::string& path,
 std::string FirstDifferentStep(const std::vector<nlohmann::json>& a,
                                const std::vector<nlohmann::json>& b);
 
+// The small job on synthetic shards the integration tests train: one drafter layer, block 8, two
+// target features, 8 anchors, sequences of at most 64, 6 samples per step. `extra` (more sections,
+// each ending in a newline) is appended.
+struct SmallJob {
+  std::string name = "test";
+  std::string output_dir;  // empty: the default
+  std::string shards_dir;
+  int64_t max_steps = 30;
+  uint64_t seed = 1;
+  double learning_rate = 0;  // 0: the default
+  std::string extra;
+};
+std::string SmallJobYaml(const SmallJob& job);
+
+// The job's security section for the files `deploy/make-certs.sh <pki>` makes (mutual TLS and the
+// job secret), one line.
+std::string PkiSecurityYaml(const std::string& pki);
+
 }  // namespace flashdraft::testing
 
 #define FD_SKIP_WITHOUT_REFERENCE_PYTHON()                                                  \
