@@ -122,6 +122,19 @@ TEST(TrainerTest, OverfitsOneBatch) {
   EXPECT_GE(last.SlotAccuracy()[0], 0.9);
 }
 
+// A drafter of the CPU demo's shape (the tiny target's hidden 128, vocabulary 832, 2 target
+// features, block 8) on `device`, computing in `compute`, with the language's frozen tensors.
+Drafter DemoShapeDrafter(const SyntheticLanguage& lang, const DrafterModelConfig& config,
+                         uint64_t seed, torch::ScalarType compute,
+                         torch::Device device = torch::kCPU) {
+  Drafter d(config);
+  d->InitWeights(seed);
+  d->MoveTo(device);
+  d->SetFrozen(lang.feature_table.narrow(1, 0, 128), lang.feature_table.narrow(1, 128, 128));
+  d->SetComputeDtype(compute);
+  return d;
+}
+
 // train.precision: bf16 rounds the products' inputs; one step's loss and gradients stay close to
 // fp32's (the norms, softmax and loss are fp32 in both).
 TEST(PrecisionTest, Bf16StepIsCloseToFp32) {
@@ -135,10 +148,7 @@ TEST(PrecisionTest, Bf16StepIsCloseToFp32) {
   DrafterBatch batch = MakeSyntheticBatch(lang, o, 3, 0);
   batch.hidden_states = batch.hidden_states.to(torch::kBFloat16);  // as they travel
   auto run = [&](torch::ScalarType compute) {
-    Drafter d(config);
-    d->InitWeights(2);
-    d->SetFrozen(lang.feature_table.narrow(1, 0, 128), lang.feature_table.narrow(1, 128, 128));
-    d->SetComputeDtype(compute);
+    Drafter d = DemoShapeDrafter(lang, config, 2, compute);
     DrafterLossResult r = d->Loss(batch, 4.0);
     r.loss.backward();
     std::vector<torch::Tensor> grads;
@@ -175,10 +185,7 @@ TEST(PrecisionTest, Bf16TrainingFollowsFp32OnTheDemoShape) {
     batches.back().hidden_states = batches.back().hidden_states.to(torch::kBFloat16);
   }
   auto train = [&](torch::ScalarType compute) {
-    Drafter d(config);
-    d->InitWeights(4);
-    d->SetFrozen(lang.feature_table.narrow(1, 0, 128), lang.feature_table.narrow(1, 128, 128));
-    d->SetComputeDtype(compute);
+    Drafter d = DemoShapeDrafter(lang, config, 4, compute);
     OptimizerOptions opt;
     opt.learning_rate = 3e-3;
     opt.warmup_steps = 5;
@@ -218,11 +225,7 @@ TEST(DeviceTest, DrafterStepOnCudaMatchesCpu) {
   o.max_anchors = 12;
   const DrafterBatch batch = MakeSyntheticBatch(lang, o, 3, 0);
   auto step = [&](const torch::Device& device, torch::ScalarType compute) {
-    Drafter d(config);
-    d->InitWeights(2);
-    d->MoveTo(device);
-    d->SetFrozen(lang.feature_table.narrow(1, 0, 128), lang.feature_table.narrow(1, 128, 128));
-    d->SetComputeDtype(compute);
+    Drafter d = DemoShapeDrafter(lang, config, 2, compute, device);
     DrafterTrainer trainer(d, OptimizerOptions{});
     DrafterBatch b;
     b.input_ids = batch.input_ids.to(device);
