@@ -60,12 +60,11 @@ int RunEval(const EvalOptions& o) {
   absl::StatusOr<Drafter> loaded = LoadDrafterForTarget(o.drafter, **target);
   if (!loaded.ok()) return fail(loaded.status());
   Drafter drafter = *loaded;
-  const int64_t block = o.block_size > 0 ? o.block_size : drafter->config().block_size;
-  if (block < 2 || block > drafter->config().block_size) {
-    return fail(absl::InvalidArgumentError(absl::StrCat("--block-size ", block, " must be in 2 .. ",
-                                                        drafter->config().block_size,
-                                                        " (the drafter's block size)")));
-  }
+  // Checked before any decoding, the error naming the flag.
+  absl::StatusOr<int64_t> block_size =
+      DecodeBlockSize(o.block_size, drafter->config(), "--block-size");
+  if (!block_size.ok()) return fail(block_size.status());
+  const int64_t block = *block_size;
 
   absl::StatusOr<EvalPrompts> loaded_prompts =
       LoadEvalPrompts(o.prompts, o.limit, o.target, **target);

@@ -27,8 +27,9 @@ absl::StatusOr<Coordinator::Evaluator> MakeEvaluator(const JobConfig& job) {
       [state](const std::string& checkpoint_dir) -> absl::StatusOr<EvalSummary> {
         torch::NoGradGuard no_grad;
         FD_ASSIGN_OR_RETURN(Drafter drafter, LoadDrafterForTarget(checkpoint_dir, *state->target));
-        const int64_t block = state->options.block_size > 0 ? state->options.block_size
-                                                            : drafter->config().block_size;
+        FD_ASSIGN_OR_RETURN(
+            const int64_t block,
+            DecodeBlockSize(state->options.block_size, drafter->config(), "eval.block_size"));
         SpeculativeTally tally(block);
         for (const std::vector<int64_t>& prompt : state->prompts.prompts) {
           FD_ASSIGN_OR_RETURN(SpeculativeResult r, SpeculativeGenerate(*state->target, *drafter,

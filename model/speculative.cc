@@ -119,16 +119,22 @@ absl::StatusOr<EvalPrompts> LoadEvalPrompts(const std::string& path, int64_t lim
   return out;
 }
 
+absl::StatusOr<int64_t> DecodeBlockSize(int64_t requested, const DrafterModelConfig& d,
+                                        const std::string& what) {
+  const int64_t block = requested > 0 ? requested : d.block_size;
+  if (block < 2 || block > d.block_size) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", block, " must be in 2 .. ",
+                                                   d.block_size, " (the drafter's block size)"));
+  }
+  return block;
+}
+
 absl::StatusOr<SpeculativeResult> SpeculativeGenerate(const TargetModel& target,
                                                       DrafterImpl& drafter,
                                                       const std::vector<int64_t>& prompt,
                                                       const SpeculativeOptions& options) {
   const DrafterModelConfig& d = drafter.config();
-  const int64_t block = options.block_size > 0 ? options.block_size : d.block_size;
-  if (block < 2 || block > d.block_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("block size ", block, " must be in 2 .. ", d.block_size, " (the drafter's)"));
-  }
+  FD_ASSIGN_OR_RETURN(const int64_t block, DecodeBlockSize(options.block_size, d));
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
   torch::NoGradGuard no_grad;
   const std::vector<int>& layers = d.target_layer_ids;

@@ -34,6 +34,11 @@ struct SpeculativeResult {
   double Tau() const;
 };
 
+// The block size a decode uses: `requested` (0: the drafter's own), which must be in 2 .. the
+// drafter's; the error names `what` (the flag or field that asked for it).
+absl::StatusOr<int64_t> DecodeBlockSize(int64_t requested, const DrafterModelConfig& drafter,
+                                        const std::string& what = "block size");
+
 // The figures of many prompts' results, as `flashdraft eval` prints them and the coordinator's
 // evaluation records them: τ as the mean over the prompts that had a verify cycle, the histogram of
 // accepted lengths 1 .. B, and per block position k = 1 .. B-1 the cycles whose draft token k was
