@@ -17,7 +17,6 @@
 #include <cstdio>
 #include <string>
 
-#include "model/precision.h"
 #include "model/trainer.h"
 
 #if FLASHDRAFT_TORCH_CUDA  // a CUDA LibTorch (bench/CMakeLists.txt): its allocator's peak
@@ -75,7 +74,8 @@ DrafterBatch MakeBatch(const Shape& s, const torch::Device& device, uint64_t see
   return b;
 }
 
-double ForwardFlops(const Shape& s, bool train) {
+// Forward + backward model FLOPs of one sample (see the header).
+double TrainFlops(const Shape& s) {
   const double t = static_cast<double>(s.anchors * s.block), S = static_cast<double>(s.seq);
   const double h = s.hidden, q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
   const double rows = static_cast<double>(s.anchors * (s.block - 1));
@@ -84,7 +84,6 @@ double ForwardFlops(const Shape& s, bool train) {
   const double per_layer = 2 * t * h * (q + 2 * kv) + 2 * S * h * 2 * kv + 2 * t * q * h +
                            2 * t * h * 3 * s.intermediate + 2 * 2 * t * avg_context * q;
   const double head = 2 * rows * h * s.vocab;
-  if (!train) return fc + s.layers * per_layer + head;
   return 2 * fc + 3 * s.layers * per_layer + 2 * head;
 }
 
@@ -173,7 +172,7 @@ int main(int argc, char** argv) {
   const torch::Device device =
       device_name == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   const Shape s = Preset(preset);
-  const double flops = ForwardFlops(s, /*train=*/true);
+  const double flops = TrainFlops(s);
   std::printf(
       "drafter training step, %s shape: %ld layers, hidden %ld, S %ld, %ld anchors x block "
       "%ld, vocabulary %ld; %.4g model TFLOP per sample (train)\n",

@@ -94,6 +94,10 @@ absl::StatusOr<const CudaApi*> LoadCuda() {
   return &**api;
 }
 
+std::string CudaErrorText(const CudaApi& cuda, cudaError_t error) {
+  return absl::StrCat(cuda.GetErrorName(error), ": ", cuda.GetErrorString(error));
+}
+
 absl::StatusOr<const NcclApi*> LoadNccl() {
   static const absl::StatusOr<NcclApi>* const api = new absl::StatusOr<NcclApi>(OpenNccl());
   if (!api->ok()) return api->status();

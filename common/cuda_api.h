@@ -7,6 +7,8 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <string>
+
 #include "absl/status/statusor.h"
 
 namespace flashdraft {
@@ -56,6 +58,8 @@ struct NcclApi {
 // already loaded copy, e.g. a CUDA LibTorch's, is the one used). FAILED_PRECONDITION names what
 // could not be opened or lacks a function.
 absl::StatusOr<const CudaApi*> LoadCuda();
+// "cudaErrorX: its description", from the loaded runtime.
+std::string CudaErrorText(const CudaApi& cuda, cudaError_t error);
 absl::StatusOr<const NcclApi*> LoadNccl();
 
 }  // namespace flashdraft

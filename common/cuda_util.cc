@@ -11,14 +11,6 @@ namespace flashdraft {
 
 #if FLASHDRAFT_WITH_CUDA
 
-namespace {
-std::string CudaText(const CudaApi& cu, cudaError_t e) {
-  return absl::StrCat(cu.GetErrorName(e), ": ", cu.GetErrorString(e));
-}
-}  // namespace
-
-bool BuiltWithCuda() { return true; }
-
 absl::Status CudaDeviceUsable() {
   absl::StatusOr<const CudaApi*> cu = LoadCuda();
   if (!cu.ok())
@@ -28,7 +20,7 @@ absl::Status CudaDeviceUsable() {
   const cudaError_t e = (*cu)->GetDeviceCount(&count);
   if (e != cudaSuccess) {
     return absl::FailedPreconditionError(
-        absl::StrCat("no usable CUDA device (cudaGetDeviceCount: ", CudaText(**cu, e), ")"));
+        absl::StrCat("no usable CUDA device (cudaGetDeviceCount: ", CudaErrorText(**cu, e), ")"));
   }
   if (count == 0) return absl::FailedPreconditionError("no CUDA device is visible");
   return absl::OkStatus();
@@ -51,7 +43,7 @@ absl::StatusOr<CudaMemory> CudaMemoryInfo(int device) {
   cu.SetDevice(previous);
   if (e != cudaSuccess) {
     return absl::FailedPreconditionError(
-        absl::StrCat("cudaMemGetInfo on cuda:", device, ": ", CudaText(cu, e)));
+        absl::StrCat("cudaMemGetInfo on cuda:", device, ": ", CudaErrorText(cu, e)));
   }
   return CudaMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
 }
@@ -63,7 +55,6 @@ constexpr const char* kNotBuilt =
     "this binary was built without the GPU path (configure with -DFLASHDRAFT_WITH_CUDA=ON)";
 }  // namespace
 
-bool BuiltWithCuda() { return false; }
 absl::Status CudaDeviceUsable() { return absl::FailedPreconditionError(kNotBuilt); }
 int CudaDeviceCount() { return 0; }
 absl::StatusOr<CudaMemory> CudaMemoryInfo(int) { return absl::FailedPreconditionError(kNotBuilt); }

@@ -22,7 +22,4 @@ struct CudaMemory {
 // cudaMemGetInfo on `device`.
 absl::StatusOr<CudaMemory> CudaMemoryInfo(int device);
 
-// Whether this build has the GPU path (-DFLASHDRAFT_WITH_CUDA=ON).
-bool BuiltWithCuda();
-
 }  // namespace flashdraft

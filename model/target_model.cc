@@ -184,27 +184,33 @@ absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::FromWeights(
   return model;
 }
 
+namespace {
+
+// Calls f on every weight of a decoder layer (Layer or const Layer); q_norm and k_norm are
+// undefined without qk_norm.
+template <typename L, typename F>
+void ForEachWeight(L& l, F f) {
+  for (auto* t : {&l.input_norm, &l.post_norm, &l.q, &l.k, &l.v, &l.o, &l.q_norm, &l.k_norm,
+                  &l.gate, &l.up, &l.down}) {
+    if (t->defined()) f(*t);
+  }
+}
+
+}  // namespace
+
 void TargetModel::MoveTo(const torch::Device& device) {
   const bool tied = lm_head_.is_same(embed_);
   embed_ = embed_.to(device);
   lm_head_ = tied ? embed_ : lm_head_.to(device);
   final_norm_ = final_norm_.to(device);
-  for (Layer& l : layers_) {
-    for (torch::Tensor* t : {&l.input_norm, &l.post_norm, &l.q, &l.k, &l.v, &l.o, &l.q_norm,
-                             &l.k_norm, &l.gate, &l.up, &l.down}) {
-      if (t->defined()) *t = t->to(device);
-    }
-  }
+  for (Layer& l : layers_) ForEachWeight(l, [&](torch::Tensor& t) { t = t.to(device); });
 }
 
 int64_t TargetModel::WeightBytes() const {
   int64_t bytes = embed_.nbytes() + final_norm_.nbytes();
   if (!lm_head_.is_same(embed_)) bytes += lm_head_.nbytes();
   for (const Layer& l : layers_) {
-    for (const torch::Tensor* t : {&l.input_norm, &l.post_norm, &l.q, &l.k, &l.v, &l.o, &l.q_norm,
-                                   &l.k_norm, &l.gate, &l.up, &l.down}) {
-      if (t->defined()) bytes += t->nbytes();
-    }
+    ForEachWeight(l, [&](const torch::Tensor& t) { bytes += t.nbytes(); });
   }
   return bytes;
 }

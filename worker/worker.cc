@@ -85,9 +85,10 @@ constexpr const char* kBuiltBackends = "gloo";
 
 // cuda:<local rank>: with one visible GPU (CUDA_VISIBLE_DEVICES set per worker by launch, Slurm's
 // --gpus-per-task, a container's device) that one; with several, the local rank's
-// (LOCAL_RANK or SLURM_LOCALID) among them.
+// (LOCAL_RANK or SLURM_LOCALID) among them. Counted by the CUDA runtime, not LibTorch: NCCL's
+// staging uses a GPU under a CPU-only LibTorch too.
 int LocalCudaDevice() {
-  const int count = static_cast<int>(torch::cuda::device_count());
+  const int count = CudaDeviceCount();
   if (count <= 1) return 0;
   for (const char* name : {"LOCAL_RANK", "SLURM_LOCALID"}) {
     int rank = 0;

@@ -276,7 +276,7 @@ void WorkerSession::TrainStep(InboxItem item, double wait) {
     }
     DrafterBatch batch{item.tensors["input_ids"], item.tensors["loss_mask"],
                        item.tensors["hidden_states"], item.tensors["anchors"]};
-    if (!device_.is_cpu()) {  // the next shard's copies overlap this one's compute
+    if (!device_.is_cpu()) {  // from pinned memory, queued on the default stream
       for (torch::Tensor* t :
            {&batch.input_ids, &batch.loss_mask, &batch.hidden_states, &batch.anchors}) {
         if (t->defined()) *t = t->to(device_, /*non_blocking=*/true);

@@ -27,13 +27,9 @@ const CudaApi& Cu() { return **LoadCuda(); }
 const NcclApi& Nc() { return **LoadNccl(); }
 constexpr auto kPoll = std::chrono::microseconds(50);
 
-std::string CudaText(cudaError_t e) {
-  return absl::StrCat(Cu().GetErrorName(e), ": ", Cu().GetErrorString(e));
-}
-
 absl::Status CudaCheck(const char* what, cudaError_t e) {
   if (e == cudaSuccess) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat("CUDA ", what, " failed: ", CudaText(e)));
+  return absl::UnavailableError(absl::StrCat("CUDA ", what, " failed: ", CudaErrorText(Cu(), e)));
 }
 
 absl::Status NcclError(const std::string& what, ncclResult_t r, ncclComm_t comm) {
@@ -118,10 +114,13 @@ struct NcclCollective::Impl {
   }
 
   // The communicator is non-blocking: a call may return ncclInProgress while NCCL finishes it in
-  // the background. Polls it to the end (the timeout on the clock). Needs mu held.
-  absl::Status Settle(const std::string& what, ncclResult_t r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const double deadline = clock->Now() + timeout.count() / 1000.0;
+  // the background. Polls it to the end: DEADLINE_EXCEEDED past `deadline` on the clock (< 0: the
+  // timeout from now), ABORTED when abort() says so. Needs mu held.
+  absl::Status Settle(const std::string& what, ncclResult_t r, const AbortCheck& abort = nullptr,
+                      double deadline = -1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (deadline < 0) deadline = clock->Now() + timeout.count() / 1000.0;
     while (r == ncclInProgress) {
+      if (abort && abort()) return absl::AbortedError(absl::StrCat("NCCL ", what, " abandoned"));
       if (clock->Now() > deadline) {
         return absl::DeadlineExceededError(
             absl::StrFormat("NCCL %s still in progress after %.0f s", what, timeout.count() / 1e3));
@@ -264,8 +263,6 @@ class NcclWork : public CollectiveWork {
   }
 
   void Fail(absl::Status status) { status_ = std::move(status); }
-  const std::string& what() const { return what_; }
-  Impl& impl() { return *impl_; }
 
   absl::Status Wait(const AbortCheck& abort) override {
     if (finished_ || !status_.ok() || !started_) return status_;
@@ -396,26 +393,11 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Create(
   config.blocking = 0;
   {
     absl::MutexLock lock(&impl->mu);
-    ncclResult_t r = Nc().CommInitRankConfig(&impl->comm, world_size, id, rank, &config);
-    while (r == ncclInProgress) {
-      if ((abort && abort()) || clock.Now() > deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      ncclResult_t async = ncclSuccess;
-      const ncclResult_t q = Nc().CommGetAsyncError(impl->comm, &async);
-      r = q != ncclSuccess ? q : async;
-    }
     const std::string what = absl::StrCat("forming the communicator (rank ", rank, " of ",
                                           world_size, ", cuda:", options.device, ")");
-    if (r == ncclInProgress) {
-      const bool aborted = abort && abort();
-      Nc().CommAbort(impl->comm);
-      impl->comm = nullptr;
-      if (aborted) return absl::AbortedError(absl::StrCat("NCCL ", what, " abandoned"));
-      return absl::DeadlineExceededError(
-          absl::StrFormat("NCCL %s: no answer within %.0f s", what, options.timeout.count() / 1e3));
-    }
-    if (r != ncclSuccess) {
-      absl::Status s = NcclError(what, r, impl->comm);
+    absl::Status s = impl->Settle(
+        what, Nc().CommInitRankConfig(&impl->comm, world_size, id, rank, &config), abort, deadline);
+    if (!s.ok()) {
       if (impl->comm != nullptr) Nc().CommAbort(impl->comm);
       impl->comm = nullptr;
       return s;
