@@ -40,6 +40,7 @@ struct Child {
   std::ofstream log;
   bool exited = false;
   int exit_code = -1;
+  int term_signal = 0;            // the signal that ended it, if one did
   std::vector<std::string> argv;  // to start it again
   int restarts = 0;               // how many times this worker was started again
   bool replaced = false;          // a newer process runs in its place
@@ -245,6 +246,7 @@ int Launch(const LaunchOptions& o) {
       if (waitpid(c->pid, &status, WNOHANG) == c->pid) {
         c->exited = true;
         c->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        c->term_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
       }
     }
   };
@@ -373,11 +375,19 @@ int Launch(const LaunchOptions& o) {
     while (c->out_fd >= 0) pump(50);
   }
   int failed_workers = 0, restarts = 0;
+  std::vector<std::string> failures;
   for (auto& c : children) {
     if (c->name == "coordinator") continue;
-    failed_workers += !c->replaced && c->exit_code != 0;
+    if (!c->replaced && c->exit_code != 0) {
+      ++failed_workers;
+      failures.push_back(c->term_signal != 0
+                             ? absl::StrCat(c->name, " ended by signal ", c->term_signal, " (",
+                                            strsignal(c->term_signal), ")")
+                             : absl::StrCat(c->name, " exited with code ", c->exit_code));
+    }
     restarts += c->replaced;
   }
+  for (const std::string& f : failures) std::printf("[launch     ] %s\n", f.c_str());
   std::printf(
       "[launch     ] coordinator exited %d; %d of %d worker(s) failed, %d restart(s); logs and "
       "steps.jsonl in %s\n",

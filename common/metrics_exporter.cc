@@ -1,14 +1,20 @@
 #include "common/metrics_exporter.h"
 
+#include <netdb.h>
 #include <prometheus/metric_family.h>
 #include <prometheus/text_serializer.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -86,6 +92,14 @@ class ProcessCollector : public prometheus::Collectable {
   }
 };
 
+// Connects to the listener and hangs up at once (a wake-up, no request).
+void Knock(const sockaddr_storage& address, socklen_t length) {
+  const int fd = socket(address.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  (void)connect(fd, reinterpret_cast<const sockaddr*>(&address), length);
+  close(fd);
+}
+
 }  // namespace
 
 MetricsExporter::MetricsExporter(const prometheus::Labels& build_labels)
@@ -97,7 +111,22 @@ MetricsExporter::MetricsExporter(const prometheus::Labels& build_labels)
   Gauge("flashdraft_build_info", "Always 1; the labels say which build runs", labels).Set(1);
 }
 
-MetricsExporter::~MetricsExporter() = default;
+// civetweb's listener looks at its stop flag only between polls of its socket, every 2 s: while
+// the exposer stops, connections wake it, so that a process exits at once instead of up to 2 s
+// later (long enough for launch's end-of-job SIGTERM to find it still there).
+MetricsExporter::~MetricsExporter() {
+  if (exposer_ == nullptr || wake_length_ == 0) return;
+  std::atomic<bool> stopped{false};
+  std::thread waker([this, &stopped] {
+    while (!stopped.load()) {
+      Knock(wake_address_, wake_length_);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  exposer_.reset();
+  stopped = true;
+  waker.join();
+}
 
 prometheus::Gauge& MetricsExporter::Gauge(const std::string& name, const std::string& help,
                                           const prometheus::Labels& labels) {
@@ -131,7 +160,28 @@ absl::StatusOr<int> MetricsExporter::Serve(const std::string& listen, const std:
   exposer_->RegisterCollectable(process_);
   const std::vector<int> ports = exposer_->GetListeningPorts();
   if (ports.empty()) return absl::UnavailableError(absl::StrCat(field, " ", listen, ": no port"));
+  SetWakeAddress(listen, ports.front());
   return ports.front();
+}
+
+void MetricsExporter::SetWakeAddress(const std::string& listen, int port) {
+  // "host:port", "[v6]:port" or ":port"; a wildcard host is reached on the loopback.
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
+  if (host == "::") host = "::1";
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return;
+  if (found != nullptr && found->ai_addrlen <= sizeof(wake_address_)) {
+    std::memcpy(&wake_address_, found->ai_addr, found->ai_addrlen);
+    wake_length_ = found->ai_addrlen;
+  }
+  freeaddrinfo(found);
 }
 
 std::string MetricsExporter::Text() const {

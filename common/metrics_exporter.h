@@ -10,6 +10,7 @@
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+#include <sys/socket.h>
 
 #include <memory>
 #include <string>
@@ -41,9 +42,14 @@ class MetricsExporter {
   std::string Text() const;
 
  private:
+  // Where the destructor knocks to wake the listener (see there).
+  void SetWakeAddress(const std::string& listen, int port);
+
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> process_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  sockaddr_storage wake_address_{};
+  socklen_t wake_length_ = 0;
 };
 
 }  // namespace flashdraft

@@ -3,6 +3,8 @@
 //                   [--metrics-port-file FILE] [--cuda-device N]
 // flashdraft-worker --probe   (what it can run: collectives, CUDA devices)
 // (intra-op threads come from the job: train.intra_op_threads, one value for every worker)
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <iostream>
@@ -66,6 +68,14 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   absl::Status s = flashdraft::RunWorker(options);
+  if (s.ok()) {
+    // The job is left or over: a SIGTERM during the teardown (launch sends one to every worker
+    // still there when the job ends) ends it at once, as the success it is.
+    struct sigaction done {};
+    done.sa_handler = [](int) { _exit(0); };
+    sigemptyset(&done.sa_mask);
+    sigaction(SIGTERM, &done, nullptr);
+  }
   if (!s.ok()) {
     std::cerr << "flashdraft-worker: error: " << s.message() << "\n";
     return 1;
