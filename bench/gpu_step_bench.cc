@@ -3,7 +3,8 @@
 // 512 anchors): B samples per step (one microbatch each, gradients accumulated, then AdamW), in
 // bf16 (train.precision: bf16) and, as its peer in the same run, in fp32 (fewer samples: it is
 // several times slower). Prints samples/s, tokens/s, model TFLOP/s, MFU against the GPU's dense
-// bf16 peak, and peak device memory (RESULTS.md compares with SpecForge and TorchSpec).
+// bf16 peak, peak device memory (RESULTS.md compares with SpecForge and TorchSpec), and what
+// copying a received batch to the device costs as a share of the step.
 //
 //   gpu_step_bench [--device cuda|cpu] [--preset qwen3-8b|tiny] [--batch 16] [--fp32-batch 2]
 //                  [--steps 3] [--peak-tflops 989]
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/strings/str_format.h"
 #include "model/trainer.h"
 
 #if FLASHDRAFT_TORCH_CUDA  // a CUDA LibTorch (bench/CMakeLists.txt): its allocator's peak
@@ -93,7 +95,31 @@ void Synchronize(const torch::Device& device) {
 
 struct Result {
   double samples_per_second = 0, peak_gib = -1;
+  double h2d_seconds_per_sample = -1;  // one sample's batch, pinned host memory -> device
 };
+
+// What the worker's copy of a received batch costs: one sample's tensors from pinned host memory
+// to the device (the worker queues it non-blocking on the default stream, not overlapped with the
+// previous step; this says how much overlapping could win).
+double H2dSecondsPerSample(const Shape& s, const torch::Device& device) {
+  DrafterBatch host = MakeBatch(s, torch::kCPU, 1);
+  for (torch::Tensor* t : {&host.input_ids, &host.loss_mask, &host.hidden_states, &host.anchors}) {
+    *t = t->pin_memory();
+  }
+  auto copy = [&] {
+    for (const torch::Tensor& t :
+         {host.input_ids, host.loss_mask, host.hidden_states, host.anchors}) {
+      (void)t.to(device, /*non_blocking=*/true);
+    }
+  };
+  copy();  // warm-up
+  Synchronize(device);
+  constexpr int kCopies = 8;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kCopies; ++i) copy();
+  Synchronize(device);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kCopies;
+}
 
 Result Run(const Shape& s, const torch::Device& device, torch::ScalarType compute, int64_t batch,
            int64_t steps) {
@@ -135,6 +161,7 @@ Result Run(const Shape& s, const torch::Device& device, torch::ScalarType comput
     r.peak_gib = static_cast<double>(stats.allocated_bytes[0].peak) / (1 << 30);
   }
 #endif
+  if (device.is_cuda()) r.h2d_seconds_per_sample = H2dSecondsPerSample(s, device);
   return r;
 }
 
@@ -179,17 +206,22 @@ int main(int argc, char** argv) {
       preset.c_str(), static_cast<long>(s.layers), static_cast<long>(s.hidden),
       static_cast<long>(s.seq), static_cast<long>(s.anchors), static_cast<long>(s.block),
       static_cast<long>(s.vocab), flops / 1e12);
-  std::printf("%-6s %8s %10s %12s %10s %8s %10s\n", "prec", "samples", "samples/s", "tokens/s",
-              "TFLOP/s", "MFU", "peak GiB");
+  std::printf("%-6s %8s %10s %12s %10s %8s %10s %14s\n", "prec", "samples", "samples/s", "tokens/s",
+              "TFLOP/s", "MFU", "peak GiB", "H2D % of step");
   for (const auto& [name, compute, n] :
        {std::tuple<const char*, torch::ScalarType, int64_t>{"bf16", torch::kBFloat16, batch},
         {"fp32", torch::kFloat32, fp32_batch}}) {
     const Result r = Run(s, device, compute, n, steps);
     const double tflops = r.samples_per_second * flops / 1e12;
-    std::printf("%-6s %8ld %10.2f %12.0f %10.4g %7.2f%% %10s\n", name, static_cast<long>(n),
+    const std::string h2d =
+        r.h2d_seconds_per_sample < 0
+            ? "n/a"
+            : absl::StrFormat("%.1f%%", 100 * r.h2d_seconds_per_sample * r.samples_per_second);
+    std::printf("%-6s %8ld %10.2f %12.0f %10.4g %7.2f%% %10s %14s\n", name, static_cast<long>(n),
                 r.samples_per_second, r.samples_per_second * static_cast<double>(s.seq), tflops,
                 100 * tflops / peak_tflops,
-                r.peak_gib < 0 ? "n/a" : std::to_string(r.peak_gib).substr(0, 6).c_str());
+                r.peak_gib < 0 ? "n/a" : std::to_string(r.peak_gib).substr(0, 6).c_str(),
+                h2d.c_str());
   }
   std::printf("MFU against %.0f TFLOP/s dense bf16 (fp32 rows: the same yardstick)\n", peak_tflops);
   return 0;
