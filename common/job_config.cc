@@ -8,6 +8,7 @@
 #include <set>
 #include <type_traits>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -145,6 +146,19 @@ Field MakeField(std::string section, std::string key, std::function<T&(JobConfig
     if (!Decode(node, value)) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": field '", path, "' must be ", TypeName(&value), ", got '", shown.c_str(), "'"));
+    }
+    if constexpr (std::is_same_v<T, std::string>) {
+      // Every string field is a name, a path or an address: one line of text. (A carriage return
+      // in one also printed back as YAML that read as another value.)
+      for (size_t i = 0; i < value.size(); ++i) {
+        const unsigned char c = static_cast<unsigned char>(value[i]);
+        if (c < 0x20 || c == 0x7f) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "%s: field '%s' = \"%s\" has a control character (byte %d is 0x%02x); names, paths "
+              "and addresses are one line of printable text",
+              where, path, absl::CHexEscape(value), i, c));
+        }
+      }
     }
     if (check) {
       if (std::optional<std::string> why = check(value)) {

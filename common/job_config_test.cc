@@ -163,6 +163,11 @@ TEST(JobConfigTest, BadInputNamesFileFieldAndValue) {
       {"heartbeat",
        base + "cluster: {heartbeat_interval_seconds: 5, heartbeat_timeout_seconds: 5}\n",
        "field 'cluster.heartbeat_timeout_seconds' = 5 must exceed"},
+      // Found by fuzz_job_config: printed back, a carriage return made another value.
+      {"carriage return", "data: {shards_dir: \"/data\\r\\r\"}\n",
+       "field 'data.shards_dir' = \"/data\\r\\r\" has a control character (byte 5 is 0x0d)"},
+      {"tab in a name", base + "name: \"a\\tb\"\n",
+       "field 'name' = \"a\\tb\" has a control character (byte 1 is 0x09)"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.label);
