@@ -375,19 +375,19 @@ int Launch(const LaunchOptions& o) {
     while (c->out_fd >= 0) pump(50);
   }
   int failed_workers = 0, restarts = 0;
-  std::vector<std::string> failures;
   for (auto& c : children) {
     if (c->name == "coordinator") continue;
     if (!c->replaced && c->exit_code != 0) {
       ++failed_workers;
-      failures.push_back(c->term_signal != 0
-                             ? absl::StrCat(c->name, " ended by signal ", c->term_signal, " (",
-                                            strsignal(c->term_signal), ")")
-                             : absl::StrCat(c->name, " exited with code ", c->exit_code));
+      if (c->term_signal != 0) {
+        std::printf("[launch     ] %s ended by signal %d (%s)\n", c->name.c_str(), c->term_signal,
+                    strsignal(c->term_signal));
+      } else {
+        std::printf("[launch     ] %s exited with code %d\n", c->name.c_str(), c->exit_code);
+      }
     }
     restarts += c->replaced;
   }
-  for (const std::string& f : failures) std::printf("[launch     ] %s\n", f.c_str());
   std::printf(
       "[launch     ] coordinator exited %d; %d of %d worker(s) failed, %d restart(s); logs and "
       "steps.jsonl in %s\n",

@@ -17,8 +17,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/net_util.h"
 
 namespace flashdraft {
 namespace {
@@ -165,18 +167,14 @@ absl::StatusOr<int> MetricsExporter::Serve(const std::string& listen, const std:
 }
 
 void MetricsExporter::SetWakeAddress(const std::string& listen, int port) {
-  // "host:port", "[v6]:port" or ":port"; a wildcard host is reached on the loopback.
-  std::string host = listen.substr(0, listen.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
-  if (host == "::") host = "::1";
+  // A listener on every interface is reached on its family's loopback.
+  const HostPort to = SplitHostPort(
+      ScrapeAddress(listen, port, absl::StartsWith(listen, "[") ? "::1" : "127.0.0.1"));
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return;
+  if (getaddrinfo(to.host.c_str(), to.port.c_str(), &hints, &found) != 0) return;
   if (found != nullptr && found->ai_addrlen <= sizeof(wake_address_)) {
     std::memcpy(&wake_address_, found->ai_addr, found->ai_addrlen);
     wake_length_ = found->ai_addrlen;

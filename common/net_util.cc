@@ -10,17 +10,23 @@
 
 namespace flashdraft {
 
+HostPort SplitHostPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  HostPort out;
+  out.host = address.substr(0, colon);
+  if (colon != std::string::npos) out.port = address.substr(colon + 1);
+  if (out.host.size() >= 2 && out.host.front() == '[' && out.host.back() == ']') {
+    out.host = out.host.substr(1, out.host.size() - 2);
+  }
+  return out;
+}
+
 absl::StatusOr<std::string> LocalAddressToward(const std::string& coordinator) {
-  const size_t colon = coordinator.rfind(':');
-  if (colon == std::string::npos) {
+  if (coordinator.rfind(':') == std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("--coordinator '", coordinator, "' is not host:port"));
   }
-  std::string host = coordinator.substr(0, colon);
-  const std::string port = coordinator.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
+  const auto [host, port] = SplitHostPort(coordinator);
   addrinfo hints{};
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* found = nullptr;
@@ -53,10 +59,7 @@ absl::StatusOr<std::string> LocalAddressToward(const std::string& coordinator) {
 }
 
 std::string ScrapeAddress(const std::string& listen, int port, const std::string& wildcard_host) {
-  std::string host = listen.substr(0, listen.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
+  std::string host = SplitHostPort(listen).host;
   if (host.empty() || host == "0.0.0.0" || host == "::") {
     host = wildcard_host;
     if (host.empty()) {

@@ -13,6 +13,14 @@ namespace flashdraft {
 // packet; it only asks the kernel for the route.
 absl::StatusOr<std::string> LocalAddressToward(const std::string& coordinator);
 
+// "host:port", "[v6]:port" or ":port" split at the last colon, an IPv6 host without its brackets
+// (no colon: all of it is the host and the port is empty).
+struct HostPort {
+  std::string host;
+  std::string port;
+};
+HostPort SplitHostPort(const std::string& address);
+
 // Where a peer (Prometheus) reaches a listener bound to `listen` (host:port) on `port`: that host,
 // or `wildcard_host` when it listens on every interface (this machine's host name when empty).
 std::string ScrapeAddress(const std::string& listen, int port,

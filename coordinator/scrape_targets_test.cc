@@ -35,5 +35,16 @@ TEST(ScrapeTargetsTest, EveryInterfaceMeansThisHostsName) {
   EXPECT_EQ(ScrapeAddress(":0", 9401, "fd00::7"), "[fd00::7]:9401");
 }
 
+TEST(ScrapeTargetsTest, HostAndPortSplitAtTheLastColon) {
+  auto split = [](const std::string& a) {
+    const HostPort hp = SplitHostPort(a);
+    return hp.host + "|" + hp.port;
+  };
+  EXPECT_EQ(split("10.1.2.3:9400"), "10.1.2.3|9400");
+  EXPECT_EQ(split("[fd00::7]:80"), "fd00::7|80");
+  EXPECT_EQ(split(":0"), "|0");
+  EXPECT_EQ(split("host"), "host|");
+}
+
 }  // namespace
 }  // namespace flashdraft

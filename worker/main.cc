@@ -68,17 +68,15 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   absl::Status s = flashdraft::RunWorker(options);
-  if (s.ok()) {
-    // The job is left or over: a SIGTERM during the teardown (launch sends one to every worker
-    // still there when the job ends) ends it at once, as the success it is.
-    struct sigaction done {};
-    done.sa_handler = [](int) { _exit(0); };
-    sigemptyset(&done.sa_mask);
-    sigaction(SIGTERM, &done, nullptr);
-  }
   if (!s.ok()) {
     std::cerr << "flashdraft-worker: error: " << s.message() << "\n";
     return 1;
   }
+  // The job is left or over: a SIGTERM during the teardown (launch sends one to every worker
+  // still there when the job ends) ends it at once, as the success it is.
+  struct sigaction done {};
+  done.sa_handler = [](int) { _exit(0); };
+  sigemptyset(&done.sa_mask);
+  sigaction(SIGTERM, &done, nullptr);
   return 0;
 }
