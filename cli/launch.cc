@@ -20,7 +20,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/file_util.h"
 #include "common/job_config.h"
 #include "common/security.h"
@@ -94,8 +93,7 @@ std::string GpuJobProblem(const JobConfig& job, const std::string& worker_bin, i
   if (!nccl && !cuda) return "";
   std::map<std::string, std::string> probe = ProbeWorkerBinary(worker_bin);
   if (probe.empty()) return absl::StrCat(worker_bin, " --probe gave no answer");
-  const std::vector<std::string> backends = absl::StrSplit(probe["backends"], ',');
-  if (nccl && std::find(backends.begin(), backends.end(), "nccl") == backends.end()) {
+  if (nccl && !OffersBackend(probe["backends"], "nccl")) {
     return "cluster.backend nccl needs a flashdraft-worker built with the GPU path "
            "(-DFLASHDRAFT_WITH_CUDA=ON); this one has only " +
            probe["backends"];

@@ -444,6 +444,12 @@ bool IsLoopbackListen(const std::string& listen) {
   return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
 }
 
+bool OffersBackend(const std::string& offered, const std::string& backend) {
+  if (offered.empty()) return backend == "gloo";
+  const std::vector<std::string> backends = absl::StrSplit(offered, ',');
+  return std::find(backends.begin(), backends.end(), backend) != backends.end();
+}
+
 std::string JobFingerprint(const JobConfig& c) {
   JobConfig same;  // defaults everywhere but what defines the run
   same.target = c.target;

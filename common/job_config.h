@@ -204,6 +204,10 @@ absl::Status ValidateJobConfig(const JobConfig& config, const std::string& sourc
 // True when `listen` (host:port) only accepts connections from this host: 127.x, ::1 or localhost.
 bool IsLoopbackListen(const std::string& listen);
 
+// True when `offered`, the comma-separated collectives a worker was built with ("gloo",
+// "gloo,nccl"; empty from workers that predate the GPU path: "gloo"), includes `backend`.
+bool OffersBackend(const std::string& offered, const std::string& backend);
+
 // The number of virtual shards per step (train.virtual_shards after its default), or 0 when the
 // job sums with the plain all-reduce (one shard per worker).
 int64_t EffectiveVirtualShards(const JobConfig& config);

@@ -178,6 +178,15 @@ TEST(JobConfigTest, BadInputNamesFileFieldAndValue) {
   }
 }
 
+TEST(JobConfigTest, AWorkersCollectivesIncludeTheJobsBackend) {
+  EXPECT_TRUE(OffersBackend("gloo,nccl", "nccl"));
+  EXPECT_TRUE(OffersBackend("gloo,nccl", "gloo"));
+  EXPECT_FALSE(OffersBackend("gloo", "nccl"));
+  EXPECT_FALSE(OffersBackend("gloo,ncc", "nccl"));
+  EXPECT_TRUE(OffersBackend("", "gloo"));  // a worker from before the GPU path
+  EXPECT_FALSE(OffersBackend("", "nccl"));
+}
+
 TEST(JobConfigTest, OnlyLoopbackListensGoWithoutTlsAndAToken) {
   for (const char* listen : {"127.0.0.1:0", "127.0.1.1:7600", "localhost:7600", "[::1]:7600"}) {
     EXPECT_TRUE(IsLoopbackListen(listen)) << listen;

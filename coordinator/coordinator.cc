@@ -13,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "common/chunk_wire.h"
 #include "common/file_util.h"
 #include "common/grpc_options.h"
@@ -302,8 +301,7 @@ void Coordinator::Join(const v1::JoinRequest& request, v1::JoinReply* reply) {
   // A worker tells the collectives it was built with ("gloo" or "gloo,nccl"; none said: gloo).
   const std::string& offered =
       request.capability().backend().empty() ? "gloo" : request.capability().backend();
-  const std::vector<std::string> backends = absl::StrSplit(offered, ',');
-  if (std::find(backends.begin(), backends.end(), job_.cluster.backend) == backends.end()) {
+  if (!OffersBackend(offered, job_.cluster.backend)) {
     return refuse(absl::StrCat("the job sums gradients over ", job_.cluster.backend,
                                " (cluster.backend) and this worker has only '", Untrusted(offered),
                                "'",
