@@ -234,18 +234,30 @@ TEST(DeviceTest, DrafterStepOnCudaMatchesCpu) {
     b.anchors = batch.anchors.to(device);
     const double loss = trainer.Accumulate(b, 4.0).loss.item<double>();
     std::vector<torch::Tensor> grads, weights;
-    for (const auto& p : d->parameters()) grads.push_back(p.grad().reshape(-1).cpu());
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (const auto& item : d->named_parameters()) {
+      grads.push_back(item.value().grad().reshape(-1).cpu());
+      named.emplace_back(item.key(), grads.back());
+    }
     trainer.Apply(5);
     for (const auto& p : d->parameters()) weights.push_back(p.detach().reshape(-1).cpu());
-    return std::make_tuple(loss, torch::cat(grads), torch::cat(weights));
+    return std::make_tuple(loss, torch::cat(grads), torch::cat(weights), named);
   };
-  const auto [loss_cpu, grad_cpu, w_cpu] = step(torch::kCPU, torch::kFloat32);
-  const auto [loss_gpu, grad_gpu, w_gpu] = step(torch::kCUDA, torch::kFloat32);
+  const auto [loss_cpu, grad_cpu, w_cpu, named_cpu] = step(torch::kCPU, torch::kFloat32);
+  const auto [loss_gpu, grad_gpu, w_gpu, named_gpu] = step(torch::kCUDA, torch::kFloat32);
   EXPECT_NEAR(loss_gpu, loss_cpu, 1e-4 * loss_cpu);
-  EXPECT_LE((grad_gpu - grad_cpu).abs().max().item<double>(),
-            1e-4 * grad_cpu.abs().max().item<double>());
+  const double allowed = 1e-4 * grad_cpu.abs().max().item<double>();
+  for (size_t i = 0; i < named_cpu.size(); ++i) {  // each parameter by name: where it differs
+    const torch::Tensor& g_cpu = named_cpu[i].second;
+    const torch::Tensor& g_gpu = named_gpu[i].second;
+    EXPECT_LE((g_gpu - g_cpu).abs().max().item<double>(), allowed)
+        << named_cpu[i].first << ": |grad| cpu " << g_cpu.norm().item<double>() << ", gpu "
+        << g_gpu.norm().item<double>() << ", cosine "
+        << (g_cpu * g_gpu).sum().item<double>() /
+               (g_cpu.norm() * g_gpu.norm() + 1e-30).item<double>();
+  }
   EXPECT_LE((w_gpu - w_cpu).abs().max().item<double>(), 1e-4);
-  const auto [loss_bf16, grad_bf16, w_bf16] = step(torch::kCUDA, torch::kBFloat16);
+  const auto [loss_bf16, grad_bf16, w_bf16, named_bf16] = step(torch::kCUDA, torch::kBFloat16);
   EXPECT_NEAR(loss_bf16, loss_cpu, 0.01 * loss_cpu);
   const double cosine = (grad_bf16 * grad_cpu).sum().item<double>() /
                         (grad_bf16.norm() * grad_cpu.norm()).item<double>();

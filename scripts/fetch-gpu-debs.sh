@@ -14,11 +14,15 @@ PACKAGES=(
   libgoogle-glog-dev libgoogle-glog0v6 libgflags-dev libgflags2.2 libunwind-dev libunwind8
   libyaml-cpp-dev libyaml-cpp0.7 nlohmann-json3-dev libcli11-dev
   prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0
-  libcivetweb1 libcurl4-openssl-dev libcurl4
+  libcivetweb1 libcivetweb-dev civetweb libcurl4-openssl-dev libcurl4
   libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian
   libicu-dev libicu72 libssl-dev
 )
 mkdir -p "$out"
 rm -f "$out"/*.deb
 (cd "$out" && apt-get download "${PACKAGES[@]}" >/dev/null)
+# Gloo's headers, unpacked there only when PyTorch's wheel lacks them (c10d's ProcessGroupGloo.hpp
+# includes them; the wheel's own Gloo is inside libtorch_cpu).
+mkdir -p "$out/gloo" && rm -f "$out"/gloo/*.deb
+(cd "$out/gloo" && apt-get download libgloo-dev >/dev/null)
 echo "$(ls "$out"/*.deb | wc -l) packages, $(du -sh "$out" | cut -f1) in $out"

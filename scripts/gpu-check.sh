@@ -54,7 +54,16 @@ for l in "$lib"/*.so; do
   if [[ -L "$l" && ! -e "$l" ]]; then ln -sf "$lib/$(basename "$(readlink "$l")")" "$l"; fi
 done
 
+# glog's CMake file adds its find modules by absolute path (/usr/share/glog/cmake).
+sed -i "s|\"/usr/share/glog/cmake\"|\"$prefix/usr/share/glog/cmake\"|" "$lib/cmake/glog/glog-modules.cmake"
+
 torch_cmake=$($PYTHON -c 'import torch; print(torch.utils.cmake_prefix_path)')
+torch_include=$($PYTHON -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))')
+if [[ ! -e $torch_include/gloo/algorithm.h ]]; then
+  stamp "PyTorch ships no Gloo headers: Debian's libgloo-dev headers stand in"
+  for f in .gpu-debs/gloo/*.deb; do dpkg -x "$f" "$prefix"; done
+  rm -rf "$prefix/usr/share/cmake/Gloo"  # its CMake file names a library the prefix has not
+fi
 nccl_root=$($PYTHON -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
 stamp "configuring against $torch_cmake (NCCL: ${nccl_root:-from the CUDA toolkit})"
 # CMake 4 refuses package files that ask for policies older than 3.5 (some Debian ones do).
@@ -74,8 +83,8 @@ fi
 stamp "building the tests and the benchmark"
 cmake --build build-gpu -j "$(nproc)" \
   --target flashdraft_worker_test flashdraft_model_test gpu_step_bench flashdraft \
-  flashdraft-coordinator flashdraft-worker \
-  >"$log_dir/build.log" 2>&1 || { grep -B2 -A12 "error" "$log_dir/build.log" | head -120; exit 1; }
+  flashdraft-coordinator flashdraft-worker -- -k 0 \
+  >"$log_dir/build.log" 2>&1 || { grep -B2 -A12 "error" "$log_dir/build.log" | head -300; exit 1; }
 
 status=0
 stamp "NCCL collective and gradient reducer"

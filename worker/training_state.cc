@@ -5,6 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -20,9 +24,19 @@
 namespace flashdraft {
 namespace {
 
-// The AdamW state of a parameter, as LibTorch's AdamW keys it.
-std::string StateKey(const torch::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
+// The key of a parameter's AdamW state, as LibTorch's AdamW keys it: the parameter's TensorImpl
+// address printed as a string in LibTorch 1.x, the address itself in 2.x.
+using AdamWStateKey =
+    std::decay_t<decltype(std::declval<torch::optim::AdamW&>().state())>::key_type;
+template <typename Key = AdamWStateKey>
+Key StateKey(const torch::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;  // what c10::guts::to_string, LibTorch 1.x's own key, writes
+    key << p.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
 }
 
 // Every parameter's AdamW state, created as AdamW itself creates it on its first step (step 0,
@@ -31,7 +45,7 @@ std::string StateKey(const torch::Tensor& p) {
 void EnsureOptimizerState(DrafterImpl& drafter, torch::optim::AdamW& optimizer) {
   torch::NoGradGuard no_grad;
   for (auto& p : drafter.parameters()) {
-    const std::string key = StateKey(p);
+    const auto key = StateKey(p);
     if (optimizer.state().count(key)) continue;
     auto state = std::make_unique<torch::optim::AdamWParamState>();
     state->step(0);
