@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +20,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
@@ -114,6 +117,22 @@ std::string GpuJobProblem(const JobConfig& job, const std::string& worker_bin, i
   return "";
 }
 
+// train.blas_kernel for every process launch starts: OpenBLAS reads OPENBLAS_CORETYPE only when it
+// loads, so the name must be in a process's environment at exec. The children (coordinator,
+// workers, their restarts, the --probe) inherit the launcher's environ through execv/popen, so it
+// is set here, once, before any of them starts; the launcher itself does no BLAS work whose bits
+// matter. An unpinned job leaves the environment as it is.
+absl::Status PinChildrenBlasKernel(const std::string& kernel) {
+  if (kernel.empty()) return absl::OkStatus();
+  if (setenv("OPENBLAS_CORETYPE", kernel.c_str(), /*overwrite=*/1) != 0) {
+    return absl::InternalError(absl::StrCat(
+        "train.blas_kernel: cannot set OPENBLAS_CORETYPE=", kernel, ": ", std::strerror(errno)));
+  }
+  std::printf("[launch     ] OpenBLAS kernel pinned by train.blas_kernel: %s\n", kernel.c_str());
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
 std::string BinDir() {
   std::error_code ec;
   return std::filesystem::read_symlink("/proc/self/exe", ec).parent_path().string();
@@ -175,6 +194,9 @@ int Launch(const LaunchOptions& o) {
   const std::string worker_bin = bin + "/flashdraft-worker";
   for (const std::string& b : {coordinator_bin, worker_bin}) {
     if (access(b.c_str(), X_OK) != 0) return fail(absl::StrCat(b, " not found next to flashdraft"));
+  }
+  if (absl::Status s = PinChildrenBlasKernel(job->train.blas_kernel); !s.ok()) {
+    return fail(std::string(s.message()));
   }
   if (std::string problem = GpuJobProblem(*job, worker_bin, o.workers); !problem.empty()) {
     return fail(problem);

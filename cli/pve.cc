@@ -496,6 +496,14 @@ if systemctl is-enabled --quiet "$unit"; then systemctl restart "$unit"; fi
                              {{"@UNIT@", unit}, {"@OPT@", kOpt}, {"@ETC@", kEtc}});
 }
 
+// train.blas_kernel as a line of a unit's EnvironmentFile= ("" when the job does not pin one):
+// OpenBLAS reads OPENBLAS_CORETYPE only when it loads, and a process in a container inherits
+// nothing of the environment of the machine that deployed it.
+std::string BlasKernelEnv(const JobConfig& job) {
+  if (job.train.blas_kernel.empty()) return "";
+  return absl::StrCat("OPENBLAS_CORETYPE=", job.train.blas_kernel, "\n");
+}
+
 // A bundle directory for container `c` under state/bundles, tarred; its id is the tar's SHA-256.
 absl::Status MakeBundle(Deployment& d, const PveContainer& c, const std::string& bin_dir,
                         const std::string& deploy_dir) {
@@ -537,15 +545,17 @@ absl::Status MakeBundle(Deployment& d, const PveContainer& c, const std::string&
     pki_files.push_back("coordinator.key");
     FD_RETURN_IF_ERROR(
         WriteMode(absl::StrCat(dir, "/etc/", d.job_name, ".yaml"), JobConfigToYaml(d.job), 0600));
-    FD_RETURN_IF_ERROR(WriteMode(absl::StrCat(dir, "/etc/", d.job_name, ".env"),
-                                 "FLASHDRAFT_COORDINATOR_ARGS=\n", 0600));
+    FD_RETURN_IF_ERROR(
+        WriteMode(absl::StrCat(dir, "/etc/", d.job_name, ".env"),
+                  absl::StrCat("FLASHDRAFT_COORDINATOR_ARGS=\n", BlasKernelEnv(d.job)), 0600));
   } else {
-    FD_RETURN_IF_ERROR(WriteMode(
-        dir + "/etc/worker.env",
-        absl::StrCat("FLASHDRAFT_COORDINATOR=", CoordinatorAddress(d), "\n",
-                     "FLASHDRAFT_WORKER_ARGS=--tls-ca ", kPki, "/ca.pem --tls-cert ", kPki,
-                     "/worker.pem --tls-key ", kPki, "/worker.key --token-file ", kPki, "/token\n"),
-        0600));
+    FD_RETURN_IF_ERROR(
+        WriteMode(dir + "/etc/worker.env",
+                  absl::StrCat("FLASHDRAFT_COORDINATOR=", CoordinatorAddress(d), "\n",
+                               "FLASHDRAFT_WORKER_ARGS=--tls-ca ", kPki, "/ca.pem --tls-cert ",
+                               kPki, "/worker.pem --tls-key ", kPki, "/worker.key --token-file ",
+                               kPki, "/token\n", BlasKernelEnv(d.job)),
+                  0600));
     std::string env = absl::StrCat("NCCL_SOCKET_IFNAME=", d.cluster.interface,
                                    "\nGLOO_SOCKET_IFNAME=", d.cluster.interface, "\n");
     // The container sees only its own GPU (one device node passed through): CUDA's device 0.

@@ -1,5 +1,7 @@
 #include "common/cuda_util.h"
 
+#include <dlfcn.h>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -48,6 +50,25 @@ absl::StatusOr<CudaMemory> CudaMemoryInfo(int device) {
   return CudaMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
 }
 
+std::string CudaDeviceName(int device) {
+  // The driver API names the model; the runtime's cudaDeviceProp changes layout between versions.
+  using InitFn = int (*)(unsigned);
+  using DeviceGetFn = int (*)(int*, int);
+  using NameFn = int (*)(char*, int, int);
+  static void* const lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) return "";
+  auto init = reinterpret_cast<InitFn>(dlsym(lib, "cuInit"));
+  auto get = reinterpret_cast<DeviceGetFn>(dlsym(lib, "cuDeviceGet"));
+  auto name = reinterpret_cast<NameFn>(dlsym(lib, "cuDeviceGetName"));
+  int handle = 0;
+  char text[256] = {};
+  if (init == nullptr || get == nullptr || name == nullptr || init(0) != 0 ||
+      get(&handle, device) != 0 || name(text, sizeof(text) - 1, handle) != 0) {
+    return "";
+  }
+  return text;
+}
+
 #else
 
 namespace {
@@ -58,6 +79,7 @@ constexpr const char* kNotBuilt =
 absl::Status CudaDeviceUsable() { return absl::FailedPreconditionError(kNotBuilt); }
 int CudaDeviceCount() { return 0; }
 absl::StatusOr<CudaMemory> CudaMemoryInfo(int) { return absl::FailedPreconditionError(kNotBuilt); }
+std::string CudaDeviceName(int) { return ""; }
 
 #endif
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -21,5 +22,8 @@ struct CudaMemory {
 };
 // cudaMemGetInfo on `device`.
 absl::StatusOr<CudaMemory> CudaMemoryInfo(int device);
+// The model of visible device `device` ("NVIDIA H200", the driver's cuDeviceGetName), "" where
+// there is none or the driver cannot say.
+std::string CudaDeviceName(int device);
 
 }  // namespace flashdraft

@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "common/crc32c.h"
 #include "common/file_util.h"
+#include "common/numeric_env.h"
 #include "common/status_macros.h"
 
 namespace flashdraft {
@@ -46,6 +47,16 @@ Check<double> Positive() {
   return [](const double& v) -> std::optional<std::string> {
     if (!(v > 0)) return std::string("must be > 0");
     return std::nullopt;
+  };
+}
+
+// An OpenBLAS core name (OPENBLAS_CORETYPE), or empty.
+Check<std::string> BlasKernelName() {
+  return [](const std::string& v) -> std::optional<std::string> {
+    if (v.empty() || ValidBlasKernelName(v)) return std::nullopt;
+    return std::string(
+        "must be an OpenBLAS kernel name such as Haswell, SkylakeX or Zen (letters, digits and "
+        "'_', at most 32), or empty");
   };
 }
 
@@ -222,6 +233,7 @@ const std::vector<Field>& Fields() {
       FD_FIELD(train, deterministic_reduction, bool),
       FD_FIELD(train, virtual_shards, int, Between(0, 1 << 16)),
       FD_FIELD(train, precision, std::string, OneOf({"fp32", "bf16"})),
+      FD_FIELD(train, blas_kernel, std::string, BlasKernelName()),
 
       FD_FIELD(cluster, listen, std::string),
       FD_FIELD(cluster, min_workers, int, Between(1, 100000)),
@@ -234,6 +246,7 @@ const std::vector<Field>& Fields() {
       FD_FIELD(cluster, join_timeout_seconds, double, Positive()),
       FD_FIELD(cluster, stall_timeout_seconds, double, Positive()),
       FD_FIELD(cluster, allreduce_bucket_mib, double, Between(0.001, 4096.0)),
+      FD_FIELD(cluster, mixed_numerics, std::string, OneOf({"refuse", "admit"})),
 
       FD_FIELD(worker, device, std::string, OneOf({"cpu", "cuda"})),
 
@@ -297,6 +310,26 @@ bool IsSection(const std::string& name) {
 
 absl::Status Invalid(const std::string& source, const std::string& field, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(source, ": field '", field, "' ", why));
+}
+
+// The job as YAML without the fields named "section.key" in `leave_out`.
+std::string EmitJobYaml(const JobConfig& config, const std::set<std::string>& leave_out) {
+  YAML::Emitter e;
+  e << YAML::BeginMap;
+  std::string open_section;
+  for (const Field& f : Fields()) {
+    if (leave_out.count(f.section + "." + f.key) != 0) continue;
+    if (f.section != open_section) {
+      if (!open_section.empty()) e << YAML::EndMap;
+      open_section = f.section;
+      e << YAML::Key << f.section << YAML::Value << YAML::BeginMap;
+    }
+    e << YAML::Key << f.key << YAML::Value;
+    f.emit(config, e);
+  }
+  if (!open_section.empty()) e << YAML::EndMap;
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
 }
 
 }  // namespace
@@ -464,8 +497,12 @@ std::string JobFingerprint(const JobConfig& c) {
   // Where and in which precision the arithmetic runs: weights and optimizer state are fp32 either
   // way, so a run may resume on other devices or in the other precision.
   same.train.precision = "fp32";
+  same.train.blas_kernel.clear();  // a resume under another kernel says so (docs/determinism.md)
   same.target.device = "cpu";
-  const std::string yaml = JobConfigToYaml(same);
+  // Fields that say how a run computes, not what it computes, and came after checkpoints recorded
+  // fingerprints: left out, so that those checkpoints still resume (a new field of this kind goes
+  // here too; JobConfigTest.FingerprintOfAFixedJobNeverChanges holds the value).
+  const std::string yaml = EmitJobYaml(same, {"train.blas_kernel", "cluster.mixed_numerics"});
   return absl::StrFormat("%08x", Crc32c(yaml.data(), yaml.size()));
 }
 
@@ -573,22 +610,6 @@ absl::Status ApplyOverrides(JobConfig& config, const std::vector<std::string>& a
   return absl::OkStatus();
 }
 
-std::string JobConfigToYaml(const JobConfig& config) {
-  YAML::Emitter e;
-  e << YAML::BeginMap;
-  std::string open_section;
-  for (const Field& f : Fields()) {
-    if (f.section != open_section) {
-      if (!open_section.empty()) e << YAML::EndMap;
-      open_section = f.section;
-      e << YAML::Key << f.section << YAML::Value << YAML::BeginMap;
-    }
-    e << YAML::Key << f.key << YAML::Value;
-    f.emit(config, e);
-  }
-  if (!open_section.empty()) e << YAML::EndMap;
-  e << YAML::EndMap;
-  return std::string(e.c_str()) + "\n";
-}
+std::string JobConfigToYaml(const JobConfig& config) { return EmitJobYaml(config, {}); }
 
 }  // namespace flashdraft

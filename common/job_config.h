@@ -88,6 +88,12 @@ struct TrainConfig {
   // "fp32" | "bf16": the drafter's matrix products in bf16 (fp32 master weights, optimizer state,
   // norms, softmax and loss; model/precision.h). Hidden states travel in target.dtype either way.
   std::string precision = "fp32";
+  // The OpenBLAS kernel of every process of the job ("Haswell", "SkylakeX", "Zen", ...; OpenBLAS's
+  // core names): each kernel rounds differently, and OpenBLAS picks one per CPU unless
+  // OPENBLAS_CORETYPE names it when the process starts. launch, the deploy scripts and the
+  // binaries themselves pass it (docs/determinism.md). Empty: each process's own choice, and the
+  // coordinator still refuses a worker whose kernel differs from the other workers'.
+  std::string blas_kernel;
 };
 
 struct ClusterConfig {
@@ -107,6 +113,10 @@ struct ClusterConfig {
   double stall_timeout_seconds = 300.0;
   // Gradients are summed in buckets of this size, each starting while backward still runs.
   double allreduce_bucket_mib = 4.0;
+  // A worker whose numeric environment (LibTorch build, BLAS and its kernel, device) differs from
+  // the other workers': "refuse" it, naming the difference, or "admit" it with a warning — the job
+  // then records that its numbers are no longer reproducible to the bit (docs/determinism.md).
+  std::string mixed_numerics = "refuse";
 };
 
 struct WorkerConfig {

@@ -73,6 +73,8 @@ TEST(JobConfigTest, FingerprintNamesTheRunNotThePlace) {
   b.train.max_steps = 99;
   b.cluster.max_workers = 8;
   b.train.intra_op_threads = 4;
+  b.train.blas_kernel = "Haswell";  // a resume under another kernel is allowed, and says so
+  b.cluster.mixed_numerics = "admit";
   EXPECT_EQ(JobFingerprint(*a), JobFingerprint(b));
   EXPECT_EQ(JobFingerprint(*a).size(), 8u);
   b.train.seed = 7;
@@ -80,6 +82,16 @@ TEST(JobConfigTest, FingerprintNamesTheRunNotThePlace) {
   b = *a;
   b.train.learning_rate = 1e-3;
   EXPECT_NE(JobFingerprint(*a), JobFingerprint(b));
+}
+
+// Checkpoints record their job's fingerprint and a resume refuses another: a field added to the job
+// must not change the fingerprint of a job that leaves it at its default, or every checkpoint
+// written before stops resuming. This value is the fingerprint from before train.blas_kernel and
+// cluster.mixed_numerics existed.
+TEST(JobConfigTest, FingerprintOfAFixedJobNeverChanges) {
+  auto a = ParseJobConfig(kMinimal, "job.yaml");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(JobFingerprint(*a), "e4894bef");
 }
 
 TEST(JobConfigTest, YamlRoundTrip) {
@@ -120,6 +132,10 @@ TEST(JobConfigTest, BadInputNamesFileFieldAndValue) {
        "field 'cluster.backend' = mpi must be one of: gloo, nccl"},
       {"bad precision", base + "train: {precision: fp16}\n",
        "field 'train.precision' = fp16 must be one of: fp32, bf16"},
+      {"bad blas kernel", base + "train: {blas_kernel: 'Haswell; rm'}\n",
+       "field 'train.blas_kernel' = Haswell; rm must be an OpenBLAS kernel name such as Haswell"},
+      {"bad mixed numerics", base + "cluster: {mixed_numerics: warn}\n",
+       "field 'cluster.mixed_numerics' = warn must be one of: refuse, admit"},
       {"bad device", base + "worker: {device: tpu}\n",
        "field 'worker.device' = tpu must be one of: cpu, cuda"},
       {"cuda over gloo", base + "worker: {device: cuda}\n",

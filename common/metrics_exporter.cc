@@ -104,10 +104,12 @@ void Knock(const sockaddr_storage& address, socklen_t length) {
 
 }  // namespace
 
-MetricsExporter::MetricsExporter(const prometheus::Labels& build_labels)
+MetricsExporter::MetricsExporter(const prometheus::Labels& build_labels,
+                                 const std::vector<std::pair<std::string, std::string>>& more)
     : registry_(std::make_shared<prometheus::Registry>()),
       process_(std::make_shared<ProcessCollector>()) {
   prometheus::Labels labels = build_labels;
+  for (const auto& [name, value] : more) labels[name] = value;
   labels["version"] = FLASHDRAFT_VERSION;
   labels["commit"] = FLASHDRAFT_COMMIT;
   Gauge("flashdraft_build_info", "Always 1; the labels say which build runs", labels).Set(1);

@@ -14,6 +14,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -21,8 +23,10 @@ namespace flashdraft {
 
 class MetricsExporter {
  public:
-  // `build_labels`: flashdraft_build_info's labels besides version and commit (role, backend...).
-  explicit MetricsExporter(const prometheus::Labels& build_labels);
+  // `build_labels`: flashdraft_build_info's labels besides version and commit (role, backend...);
+  // `more`: further ones (the process's NumericEnvLabels).
+  explicit MetricsExporter(const prometheus::Labels& build_labels,
+                           const std::vector<std::pair<std::string, std::string>>& more = {});
   ~MetricsExporter();
 
   // One labelled series of a family; the registry merges calls with the same name.

@@ -96,8 +96,9 @@ std::vector<std::string> CheckpointStore::Existing() const {
   return out;
 }
 
-absl::StatusOr<CheckpointInfo> CheckpointStore::Write(
-    uint64_t completed_steps, const std::vector<OwnedTensor>& tensors) const {
+absl::StatusOr<CheckpointInfo> CheckpointStore::Write(uint64_t completed_steps,
+                                                      const std::vector<OwnedTensor>& tensors,
+                                                      const std::string& numerics) const {
   SafetensorsWriter model, optimizer;
   model.SetMetadata("format", "pt");
   optimizer.SetMetadata("format", "pt");
@@ -145,8 +146,14 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::Write(
     FD_RETURN_IF_ERROR(WriteFileAtomically(tmp_dir + "/" + kConfigFile, drafter_config_json_));
     files[kConfigFile] = Crc32c(drafter_config_json_.data(), drafter_config_json_.size());
   }
-  const nlohmann::json manifest = {
+  nlohmann::json manifest = {
       {"format", 1}, {"completed_steps", completed_steps}, {"job", job_}, {"files", files}};
+  if (!numerics.empty()) {
+    manifest["numerics"] = nlohmann::json::parse(numerics, nullptr, /*allow_exceptions=*/false);
+    if (!manifest["numerics"].is_object()) {
+      return absl::InvalidArgumentError("checkpoint numerics: not a JSON object");
+    }
+  }
   FD_RETURN_IF_ERROR(WriteFileAtomically(tmp_dir + "/" + kManifestFile, manifest.dump(2) + "\n"));
   fs::remove_all(final_dir, ec);  // a checkpoint of the same step from an earlier run
   fs::rename(tmp_dir, final_dir, ec);
@@ -157,8 +164,12 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::Write(
   FD_RETURN_IF_ERROR(SyncDirectory(root_));
   std::vector<std::pair<uint64_t, std::string>> all = ListCheckpoints(root_);
   for (size_t i = 0; i + keep_last_ < all.size(); ++i) fs::remove_all(all[i].second, ec);
-  return CheckpointInfo{completed_steps, final_dir, final_dir + "/" + kModelFile,
-                        final_dir + "/" + kOptimizerFile, job_};
+  return CheckpointInfo{completed_steps,
+                        final_dir,
+                        final_dir + "/" + kModelFile,
+                        final_dir + "/" + kOptimizerFile,
+                        job_,
+                        numerics};
 }
 
 absl::StatusOr<std::optional<CheckpointInfo>> CheckpointStore::Latest() const {
@@ -205,7 +216,14 @@ absl::StatusOr<CheckpointInfo> OpenCheckpoint(const std::string& path) {
   const std::string job = manifest.contains("job") && manifest["job"].is_string()
                               ? manifest["job"].get<std::string>()
                               : std::string();
-  return CheckpointInfo{*step, dir, dir + "/" + kModelFile, dir + "/" + kOptimizerFile, job};
+  // Optional (older checkpoints have none); its fields are checked by whoever reads them.
+  if (manifest.contains("numerics") && !manifest["numerics"].is_object()) {
+    return absl::DataLossError(absl::StrCat(manifest_path, ": \"numerics\" is not an object"));
+  }
+  const std::string numerics =
+      manifest.contains("numerics") ? manifest["numerics"].dump() : std::string();
+  return CheckpointInfo{*step, dir,     dir + "/" + kModelFile, dir + "/" + kOptimizerFile,
+                        job,   numerics};
 }
 
 bool CheckpointCadence::Due(int64_t step) const {

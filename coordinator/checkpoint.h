@@ -4,7 +4,8 @@
 //   step-00000010/optimizer.safetensors  AdamW state (<name>.exp_avg, <name>.exp_avg_sq, step)
 //   step-00000010/config.json            the drafter's HF config (what `flashdraft export` needs)
 //   step-00000010/checkpoint.json        {"format": 1, "completed_steps": 10, "job": <fingerprint>,
-//                                          "files": {"model.safetensors": <crc32c>, ...}}
+//                                          "files": {"model.safetensors": <crc32c>, ...},
+//                                          "numerics": {...}}  (what computed it; optional)
 // Written into step-N.tmp/ (every file fsynced), renamed to step-N/, the root fsynced; the newest
 // `keep_last` are kept. Loading verifies every file's CRC-32C against checkpoint.json.
 #pragma once
@@ -29,6 +30,9 @@ struct CheckpointInfo {
   std::string model_path;      // model.safetensors
   std::string optimizer_path;  // optimizer.safetensors
   std::string job;             // the fingerprint of the job that wrote it (empty: unknown)
+  // The numeric environments that computed it, as JSON ({"workers": {...}, "coordinator": {...},
+  // "mixed": bool}; the coordinator's Checkpoint numerics); empty: not recorded.
+  std::string numerics;
 };
 
 class CheckpointStore {
@@ -40,8 +44,10 @@ class CheckpointStore {
 
   // Writes the checkpoint after `completed_steps` steps from uploaded tensors (names prefixed
   // "drafter." or "adamw."; anything else is an error), then drops all but the newest keep_last.
+  // `numerics`: a JSON object recorded as checkpoint.json's "numerics" (none when empty).
   absl::StatusOr<CheckpointInfo> Write(uint64_t completed_steps,
-                                       const std::vector<OwnedTensor>& tensors) const;
+                                       const std::vector<OwnedTensor>& tensors,
+                                       const std::string& numerics = "") const;
   // The newest checkpoint, its files verified; nullopt when there is none. A damaged one is an
   // error naming the file (it is not skipped: a checkpoint is whole or absent).
   absl::StatusOr<std::optional<CheckpointInfo>> Latest() const;

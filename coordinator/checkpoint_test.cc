@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
 #include "common/safetensors.h"
@@ -111,6 +112,32 @@ TEST(CheckpointStoreTest, CarriesTheDrafterConfigAndExportsFromItAlone) {
   // Not a checkpoint: the error says what is missing.
   EXPECT_THAT(std::string(ExportCheckpoint(dir.path(), dir.Join("x")).message()),
               HasSubstr("config.json not found"));
+}
+
+// checkpoint.json records what computed the checkpoint; one without the record (an older
+// version's) still opens.
+TEST(CheckpointStoreTest, RecordsTheNumericEnvironment) {
+  TempDir dir;
+  CheckpointStore store(dir.Join("ckpt"), 3, "job1");
+  const std::string numerics = R"({"mixed":false,"workers":{"blas_core":"Haswell"}})";
+  auto info = store.Write(4, Upload(4), numerics);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->numerics, numerics);
+  auto opened = OpenCheckpoint(info->dir);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(nlohmann::json::parse(opened->numerics), nlohmann::json::parse(numerics));
+  auto plain = store.Write(5, Upload(5));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(OpenCheckpoint(plain->dir)->numerics, "");
+  EXPECT_FALSE(
+      nlohmann::json::parse(*ReadFile(plain->dir + "/checkpoint.json")).contains("numerics"));
+  // A damaged record is an error naming the file, not "nothing recorded".
+  nlohmann::json manifest = nlohmann::json::parse(*ReadFile(info->dir + "/checkpoint.json"));
+  manifest["numerics"] = 5;
+  ASSERT_TRUE(WriteFileAtomically(info->dir + "/checkpoint.json", manifest.dump()).ok());
+  EXPECT_THAT(std::string(OpenCheckpoint(info->dir).status().message()),
+              HasSubstr("checkpoint.json: \"numerics\" is not an object"));
+  EXPECT_FALSE(store.Write(6, Upload(6), "[1]").ok());
 }
 
 TEST(CheckpointStoreTest, RefusesTensorsOfNoKnownKind) {

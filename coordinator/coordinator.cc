@@ -70,12 +70,14 @@ absl::StatusOr<SourceBundle> Coordinator::OpenShardSource(const JobConfig& j) {
 }
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
-    JobConfig job, const WeightsFactory& initial_weights, const SourceFactory& open_source) {
+    JobConfig job, const WeightsFactory& initial_weights, const SourceFactory& open_source,
+    NumericEnv own_numerics) {
   if (!initial_weights) {
     return absl::InvalidArgumentError("Coordinator::Create needs a drafter weight initializer");
   }
   std::unique_ptr<Coordinator> c(new Coordinator());
   c->job_ = std::move(job);
+  c->own_numerics_ = std::move(own_numerics);
   const JobConfig& j = c->job_;
   FD_ASSIGN_OR_RETURN(c->security_, ServerSecurity::Create(j.security, *c->clock_));
   FD_ASSIGN_OR_RETURN(SourceBundle bundle, open_source ? open_source(j) : OpenShardSource(j));
@@ -120,7 +122,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   std::error_code ec;
   std::filesystem::create_directories(j.output_dir, ec);
   c->metrics_ = std::make_unique<CoordinatorMetrics>(
-      j.cluster.backend, c->total_steps_, j.drafter.block_size, c->security_->description());
+      j.cluster.backend, c->total_steps_, j.drafter.block_size, c->security_->description(),
+      NumericEnvLabels(c->own_numerics_));
   c->checkpoints_ = std::make_unique<CheckpointStore>(
       j.checkpoint.dir.empty() ? j.output_dir + "/checkpoints" : j.checkpoint.dir,
       j.checkpoint.keep_last, JobFingerprint(j), DrafterConfigToJson(c->drafter_config_));
@@ -148,7 +151,30 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   c->upload_ = std::make_unique<UploadReceiver>(CheckpointUploadSpecs(parameters));
   FD_ASSIGN_OR_RETURN(StepLog log, StepLog::Open(j.output_dir + "/steps.jsonl", c->start_step_));
   c->step_log_ = std::make_unique<StepLog>(std::move(log));
+  c->SetUpNumerics();
   return c;
+}
+
+void Coordinator::SetUpNumerics() {
+  LOG(INFO) << "numerics: " << DescribeNumericEnv(own_numerics_);
+  if (resumed_numerics_.coordinator.has_value()) {
+    const std::vector<std::string> differences =
+        NumericDifferences(own_numerics_, *resumed_numerics_.coordinator);
+    if (!differences.empty()) {
+      const std::string what = absl::StrJoin(differences, "; ");
+      LOG(WARNING) << "the checkpoint resumed from was written by a coordinator of another numeric "
+                      "environment ("
+                   << what << "): the target's features may differ in their last bits";
+      step_log_->WriteEvent({{"event", "numerics"},
+                             {"coordinator_differs_from_checkpoint", what},
+                             {"unix_time", UnixSeconds()}});
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  numerics_ = std::make_unique<NumericsGroup>(job_.train.blas_kernel,
+                                              job_.cluster.mixed_numerics == "admit",
+                                              resumed_numerics_.workers, resumed_numerics_.mixed);
+  metrics_->SetNumericsMixed(resumed_numerics_.mixed);
 }
 
 Coordinator::~Coordinator() {
@@ -213,6 +239,8 @@ absl::StatusOr<bool> Coordinator::Resume() {
                                                    " completed steps, more than this job's ",
                                                    total_steps_));
   }
+  FD_ASSIGN_OR_RETURN(resumed_numerics_,
+                      ParseRecordedNumerics(latest->numerics, latest->dir + "/checkpoint.json"));
   FD_ASSIGN_OR_RETURN(initial_weights_, SafetensorsModel::Open(latest->model_path));
   FD_ASSIGN_OR_RETURN(optimizer_state_, SafetensorsModel::Open(latest->optimizer_path));
   // steps.jsonl keeps the records of the steps the checkpoint holds (StepLog::Open).
@@ -275,67 +303,93 @@ absl::StatusOr<std::vector<FetchEntry>> Coordinator::ResolveFetch(
   return out;
 }
 
+namespace {
+
+// The first field in which a worker's model shape differs from the job's, as "name a != b".
+std::string ModelShapeDifference(const v1::ModelShape& s, const DrafterModelConfig& d) {
+  const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
+      {"hidden_size", {s.hidden_size(), d.hidden_size}},
+      {"num_hidden_layers", {s.num_hidden_layers(), d.num_hidden_layers}},
+      {"num_attention_heads", {s.num_attention_heads(), d.num_attention_heads}},
+      {"num_key_value_heads", {s.num_key_value_heads(), d.num_key_value_heads}},
+      {"head_dim", {s.head_dim(), d.head_dim}},
+      {"intermediate_size", {s.intermediate_size(), d.intermediate_size}},
+      {"vocab_size", {s.vocab_size(), d.vocab_size}},
+      {"block_size", {s.block_size(), d.block_size}},
+  };
+  for (const auto& [name, values] : fields) {
+    if (values.first != values.second) {
+      return absl::StrCat(name, " ", values.first, " != ", values.second);
+    }
+  }
+  if (!std::equal(s.target_layer_ids().begin(), s.target_layer_ids().end(),
+                  d.target_layer_ids.begin(), d.target_layer_ids.end())) {
+    return "target_layer_ids";
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string Coordinator::CapabilityRefusal(const v1::JoinRequest& request) const {
+  // The id and host are shown in logs, status and steps.jsonl: short printable text only.
+  for (const auto& [field, value] :
+       {std::pair<const char*, const std::string*>{"worker_id", &request.worker_id()},
+        {"hostname", &request.capability().hostname()},
+        {"device", &request.capability().device()}}) {
+    if (value->size() > kMaxNameChars || !IsPrintableAscii(*value)) {
+      return absl::StrCat(field, " '", Untrusted(*value), "' must be at most ", kMaxNameChars,
+                          " printable ASCII characters");
+    }
+  }
+  if (request.protocol_version() != v1::PROTOCOL_VERSION_CURRENT) {
+    return absl::StrCat("protocol version ", request.protocol_version(),
+                        " is not this coordinator's version ",
+                        static_cast<int>(v1::PROTOCOL_VERSION_CURRENT));
+  }
+  // A worker tells the collectives it was built with ("gloo" or "gloo,nccl"; none said: gloo).
+  const std::string& offered =
+      request.capability().backend().empty() ? "gloo" : request.capability().backend();
+  if (!OffersBackend(offered, job_.cluster.backend)) {
+    return absl::StrCat("the job sums gradients over ", job_.cluster.backend,
+                        " (cluster.backend) and this worker has only '", Untrusted(offered), "'",
+                        job_.cluster.backend == "nccl"
+                            ? ": build it with -DFLASHDRAFT_WITH_CUDA=ON on a GPU machine"
+                            : "");
+  }
+  if (request.has_model_shape()) {
+    if (std::string d = ModelShapeDifference(request.model_shape(), drafter_config_); !d.empty()) {
+      return absl::StrCat("model shape differs from the job's: ", d);
+    }
+  }
+  if (!request.capability().has_numerics()) {
+    return "the worker did not report its numeric environment (Capability.numerics)";
+  }
+  const absl::Status numerics = ValidateNumericEnv(
+      NumericEnvFromProto(request.capability().numerics(), job_.worker.device == "cuda"),
+      "Capability.numerics");
+  return numerics.ok() ? "" : std::string(numerics.message());
+}
+
 void Coordinator::Join(const v1::JoinRequest& request, v1::JoinReply* reply) {
   auto refuse = [&](std::string reason) {
     reply->set_accepted(false);
     reply->set_reason(reason);
     LOG(WARNING) << "refused worker '" << Untrusted(request.worker_id()) << "': " << reason;
   };
-  // The id and host are shown in logs, status and steps.jsonl: short printable text only.
-  for (const auto& [field, value] :
-       {std::pair<const char*, const std::string*>{"worker_id", &request.worker_id()},
-        {"hostname", &request.capability().hostname()},
-        {"device", &request.capability().device()}}) {
-    if (value->size() > kMaxNameChars || !std::all_of(value->begin(), value->end(), [](char ch) {
-          return ch >= 0x20 && ch < 0x7f;
-        })) {
-      return refuse(absl::StrCat(field, " '", Untrusted(*value), "' must be at most ",
-                                 kMaxNameChars, " printable ASCII characters"));
-    }
-  }
-  if (request.protocol_version() != v1::PROTOCOL_VERSION_CURRENT) {
-    return refuse(absl::StrCat("protocol version ", request.protocol_version(),
-                               " is not this coordinator's version ",
-                               static_cast<int>(v1::PROTOCOL_VERSION_CURRENT)));
-  }
-  // A worker tells the collectives it was built with ("gloo" or "gloo,nccl"; none said: gloo).
-  const std::string& offered =
-      request.capability().backend().empty() ? "gloo" : request.capability().backend();
-  if (!OffersBackend(offered, job_.cluster.backend)) {
-    return refuse(absl::StrCat("the job sums gradients over ", job_.cluster.backend,
-                               " (cluster.backend) and this worker has only '", Untrusted(offered),
-                               "'",
-                               job_.cluster.backend == "nccl"
-                                   ? ": build it with -DFLASHDRAFT_WITH_CUDA=ON on a GPU machine"
-                                   : ""));
-  }
-  if (request.has_model_shape()) {
-    const v1::ModelShape& s = request.model_shape();
-    const DrafterModelConfig& d = drafter_config_;
-    const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
-        {"hidden_size", {s.hidden_size(), d.hidden_size}},
-        {"num_hidden_layers", {s.num_hidden_layers(), d.num_hidden_layers}},
-        {"num_attention_heads", {s.num_attention_heads(), d.num_attention_heads}},
-        {"num_key_value_heads", {s.num_key_value_heads(), d.num_key_value_heads}},
-        {"head_dim", {s.head_dim(), d.head_dim}},
-        {"intermediate_size", {s.intermediate_size(), d.intermediate_size}},
-        {"vocab_size", {s.vocab_size(), d.vocab_size}},
-        {"block_size", {s.block_size(), d.block_size}},
-    };
-    for (const auto& [name, values] : fields) {
-      if (values.first != values.second) {
-        return refuse(absl::StrCat("model shape differs from the job's: ", name, " ", values.first,
-                                   " != ", values.second));
-      }
-    }
-    if (!std::equal(s.target_layer_ids().begin(), s.target_layer_ids().end(),
-                    d.target_layer_ids.begin(), d.target_layer_ids.end())) {
-      return refuse("model shape differs from the job's: target_layer_ids");
-    }
-  }
+  if (std::string why = CapabilityRefusal(request); !why.empty()) return refuse(why);
+  const NumericEnv env =
+      NumericEnvFromProto(request.capability().numerics(), job_.worker.device == "cuda");
   std::lock_guard<std::mutex> lock(mu_);
+  if (membership_->Members().empty()) numerics_->GroupEmptied();
+  const NumericsDecision numerics = numerics_->Consider(env);
+  if (!numerics.admit) {
+    reply->set_blas_kernel(numerics.blas_kernel);
+    return refuse(numerics.refusal);
+  }
   absl::StatusOr<std::string> token = membership_->Admit(request.worker_id());
   if (!token.ok()) return refuse(std::string(token.status().message()));
+  numerics_->Commit(env, numerics);
   last_arrival_ = clock_->Now();
   reply->set_accepted(true);
   reply->set_session_token(*token);
@@ -343,7 +397,48 @@ void Coordinator::Join(const v1::JoinRequest& request, v1::JoinReply* reply) {
   reply->set_drafter_config_json(DrafterConfigToJson(drafter_config_));
   LOG(INFO) << "worker '" << request.worker_id() << "' (" << request.capability().hostname() << ", "
             << request.capability().device() << ") joined";
+  RecordAdmittedNumericsLocked(request.worker_id(), env, numerics);
   UpdateWorkerMetricsLocked();
+}
+
+void Coordinator::RecordAdmittedNumericsLocked(const std::string& worker, const NumericEnv& env,
+                                               const NumericsDecision& decision) {
+  auto event = [&](nlohmann::json fields) {
+    fields["event"] = "numerics";
+    fields["worker"] = worker;
+    fields["unix_time"] = UnixSeconds();
+    pending_events_.push_back(fields.dump());  // written by Run's thread (FlushEvents)
+  };
+  if (decision.first) {
+    LOG(INFO) << "the workers' numeric environment (worker '" << worker
+              << "'): " << DescribeNumericEnv(env);
+    event({{"workers", NumericEnvToJson(env)}});
+  }
+  if (!decision.differs_from_previous.empty()) {
+    LOG(WARNING) << "the workers' numeric environment differs from " << decision.previous << " ("
+                 << decision.differs_from_previous
+                 << "): the run goes on, but not to the bit as it would have on those";
+    event({{"differs_from_previous", decision.differs_from_previous},
+           {"previous", decision.previous}});
+  }
+  if (!decision.mixed.empty()) {
+    LOG(WARNING) << "worker '" << worker
+                 << "' computes in another numeric environment than the job's other workers ("
+                 << decision.mixed
+                 << "), admitted by cluster.mixed_numerics: admit: this job's numbers are no "
+                    "longer reproducible to the bit";
+    metrics_->SetNumericsMixed(true);
+    event({{"mixed", decision.mixed}, {"reproducible", false}});
+  }
+}
+
+void Coordinator::FlushEvents() {
+  std::vector<std::string> events;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events.swap(pending_events_);
+  }
+  for (const std::string& e : events) step_log_->WriteEvent(nlohmann::json::parse(e));
 }
 
 bool Coordinator::ValidToken(const std::string& token) const {
@@ -636,6 +731,7 @@ void Coordinator::FinishCheckpoint() {
 absl::Status Coordinator::TakeCheckpoint(uint64_t completed_steps, const std::string& uploader) {
   const double start = clock_->Now();
   std::vector<OwnedTensor> tensors;
+  std::string numerics;  // what computed it (checkpoint.json)
   {
     std::unique_lock<std::mutex> lock(mu_);
     const double deadline = start + job_.cluster.collective_timeout_seconds;
@@ -658,8 +754,11 @@ absl::Status Coordinator::TakeCheckpoint(uint64_t completed_steps, const std::st
     }
     if (!failure_.ok()) return failure_;
     tensors = upload_->Take();
+    numerics = RecordNumerics(numerics_->group(), own_numerics_, numerics_->mixed(),
+                              job_.train.precision, job_.train.intra_op_threads);
   }
-  FD_ASSIGN_OR_RETURN(const CheckpointInfo info, checkpoints_->Write(completed_steps, tensors));
+  FD_ASSIGN_OR_RETURN(const CheckpointInfo info,
+                      checkpoints_->Write(completed_steps, tensors, numerics));
   const double seconds = clock_->Now() - start;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -930,6 +1029,7 @@ absl::Status Coordinator::StartEpoch(int64_t next_step) {
             << absl::StrJoin(ids, ", ") << "] from step " << next_step
             << (plan.needs_state_sync ? " (newcomers receive the state from rank 0)" : "");
   lock.unlock();
+  FlushEvents();  // the admissions' numerics first
   step_log_->WriteEvent({{"event", "membership"},
                          {"membership_epoch", plan.epoch},
                          {"world_size", world_size_},
@@ -1033,9 +1133,11 @@ absl::Status Coordinator::Run() {
     }
     reforms_at_step_ = 0;
     absl::StatusOr<StepRecord> aggregated;
+    bool numerics_mixed = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       aggregated = ledger_->Take(static_cast<uint64_t>(step));
+      numerics_mixed = numerics_->mixed();
     }
     if (!aggregated.ok()) {
       result = aggregated.status();
@@ -1043,6 +1145,7 @@ absl::Status Coordinator::Run() {
     }
     StepRecord& r = *aggregated;
     r.membership_epoch = sending_epoch_;
+    r.numerics_mixed = numerics_mixed;
     r.step_seconds = clock_->Now() - step_start;
     r.learning_rate = CosineLearningRate(job_.train.learning_rate, warmup_steps_, total_steps_,
                                          static_cast<int64_t>(step));
@@ -1130,6 +1233,7 @@ absl::Status Coordinator::Run() {
       session->FinishAfterWrites(grpc::Status::OK);
     }
   }
+  FlushEvents();  // admissions since the last epoch began
   if (finished) LOG(INFO) << "job finished: " << total_steps_ << " steps";
   if (result.ok() && !finished) LOG(WARNING) << stopped;
   return result;

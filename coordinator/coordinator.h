@@ -19,12 +19,14 @@
 #include "absl/status/status.h"
 #include "common/clock.h"
 #include "common/job_config.h"
+#include "common/numeric_env.h"
 #include "common/safetensors.h"
 #include "common/security.h"
 #include "coordinator/checkpoint.h"
 #include "coordinator/checkpoint_upload.h"
 #include "coordinator/membership.h"
 #include "coordinator/metrics.h"
+#include "coordinator/numerics_group.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/sources/shard_source.h"
@@ -66,9 +68,12 @@ class Coordinator {
   // Speculative decoding with a checkpoint's weights (eval.every_steps): the coordinator binary's
   // runs the target (coordinator/evaluator.h); null: the job does not evaluate.
   using Evaluator = std::function<absl::StatusOr<EvalSummary>(const std::string& checkpoint_dir)>;
+  // `own_numerics`: this process's numeric environment (model/numeric_probe.h; the binary's), in
+  // its log, /metrics and every checkpoint, compared with the checkpoint's on a resume.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(JobConfig job,
                                                              const WeightsFactory& initial_weights,
-                                                             const SourceFactory& open_source = {});
+                                                             const SourceFactory& open_source = {},
+                                                             NumericEnv own_numerics = {});
   // Before Start(): evaluates every eval.every_steps (the job must ask for it).
   void SetEvaluator(Evaluator evaluator) { evaluator_ = std::move(evaluator); }
   // data.source 'shards' (the default factory).
@@ -172,6 +177,19 @@ class Coordinator {
   // Resumes from the newest checkpoint (checkpoint.resume): its weights and optimizer state become
   // what FetchTensors serves, steps.jsonl keeps the records before it. False when there is none.
   absl::StatusOr<bool> Resume();
+  // The workers' numeric environments are compared from now on; a resume under another
+  // environment than the checkpoint's says so (log and steps.jsonl).
+  void SetUpNumerics();
+  // Why a Join is refused before admission (names, protocol, collectives, model shape, numerics
+  // reported); empty: nothing against it.
+  std::string CapabilityRefusal(const v1::JoinRequest& request) const;
+  // The admitted worker's numerics in the log, /metrics and (queued for FlushEvents) steps.jsonl:
+  // the group's when it is the first, a difference from the workers before, a mixed admission.
+  void RecordAdmittedNumericsLocked(const std::string& worker, const NumericEnv& env,
+                                    const NumericsDecision& decision)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the events reactions queued (Run's thread: a reaction never writes files).
+  void FlushEvents();
   // `token` sent a broken checkpoint upload: it is dropped as failed, the checkpoint skipped.
   void FailUploadLocked(const std::string& token, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -199,7 +217,9 @@ class Coordinator {
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  std::unique_ptr<StepLog> step_log_;  // Run's thread only
+  std::unique_ptr<StepLog> step_log_;  // its own lock: Run, checkpoint and Join threads write
+  NumericEnv own_numerics_;            // this process's (Create)
+  RecordedNumerics resumed_numerics_;  // the checkpoint's this run resumed from (Resume)
   std::thread checkpoint_thread_;      // the checkpoint being taken (Run's thread starts/joins it)
 
   const Clock* clock_ = &RealClock::Get();
@@ -209,6 +229,8 @@ class Coordinator {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unique_ptr<Membership> membership_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<NumericsGroup> numerics_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> pending_events_ ABSL_GUARDED_BY(mu_);        // steps.jsonl lines, queued
   std::map<std::string, TrainSession*> sessions_ ABSL_GUARDED_BY(mu_);  // token -> Train stream
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // The acks of the steps in flight, of the current epoch only.

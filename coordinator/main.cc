@@ -8,12 +8,15 @@
 #include <iostream>
 #include <thread>
 
+#include "common/cuda_util.h"
 #include "common/job_config.h"
 #include "common/logging.h"
+#include "common/numeric_env.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/evaluator.h"
 #include "coordinator/initial_weights.h"
 #include "coordinator/sources/target_source.h"
+#include "model/numeric_probe.h"
 
 namespace {
 
@@ -40,6 +43,16 @@ int main(int argc, char** argv) {
   app.add_option("--set", overrides, "override a field: section.field=value (repeatable)");
   app.add_option("--port-file", port_file, "write the bound port here once listening");
   CLI11_PARSE(app, argc, argv);
+  absl::StatusOr<flashdraft::JobConfig> job = flashdraft::LoadJobConfig(job_path);
+  if (!job.ok()) return Fail(job.status());
+  if (absl::Status s = flashdraft::ApplyOverrides(*job, overrides); !s.ok()) return Fail(s);
+  // train.blas_kernel: OpenBLAS chose its kernel when it loaded; this starts again with the job's.
+  if (absl::Status s = flashdraft::PinBlasKernel(job->train.blas_kernel, argv); !s.ok()) {
+    return Fail(s);
+  }
+  const bool target_on_gpu = job->target.device == "cuda";
+  flashdraft::NumericEnv numerics = flashdraft::ProbeNumericEnv(
+      flashdraft::CudaDeviceCount() > 0 ? flashdraft::CudaDeviceName(0) : "", target_on_gpu);
 
   // SIGINT/SIGTERM end the job cleanly. Libraries start threads before main (LibTorch's and
   // OpenBLAS's pools), so a blocked mask cannot steer the signal to one thread: the handler only
@@ -52,15 +65,13 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
 
-  absl::StatusOr<flashdraft::JobConfig> job = flashdraft::LoadJobConfig(job_path);
-  if (!job.ok()) return Fail(job.status());
-  if (absl::Status s = flashdraft::ApplyOverrides(*job, overrides); !s.ok()) return Fail(s);
   auto coordinator = flashdraft::Coordinator::Create(
       *job, flashdraft::WriteInitialWeights,
       [](const flashdraft::JobConfig& j) -> absl::StatusOr<flashdraft::SourceBundle> {
         if (j.data.source == "target") return flashdraft::OpenTargetSource(j);
         return flashdraft::Coordinator::OpenShardSource(j);
-      });
+      },
+      std::move(numerics));
   if (!coordinator.ok()) return Fail(coordinator.status());
   if (job->eval.every_steps > 0) {
     absl::StatusOr<flashdraft::Coordinator::Evaluator> evaluator = flashdraft::MakeEvaluator(*job);

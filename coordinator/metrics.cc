@@ -5,10 +5,15 @@
 
 namespace flashdraft {
 
-CoordinatorMetrics::CoordinatorMetrics(const std::string& backend, int64_t total_steps,
-                                       int block_size, const std::string& security)
-    : exporter_({{"backend", backend}, {"security", security}}) {
+CoordinatorMetrics::CoordinatorMetrics(
+    const std::string& backend, int64_t total_steps, int block_size, const std::string& security,
+    const std::vector<std::pair<std::string, std::string>>& numerics)
+    : exporter_({{"backend", backend}, {"security", security}}, numerics) {
   step_ = &exporter_.Gauge("flashdraft_step", "Committed training steps");
+  numerics_mixed_ = &exporter_.Gauge(
+      "flashdraft_numerics_mixed",
+      "1 when workers of different numeric environments trained this job (cluster.mixed_numerics: "
+      "admit): its numbers are not reproducible to the bit");
   exporter_.Gauge("flashdraft_steps", "Training steps of the job")
       .Set(static_cast<double>(total_steps));
   loss_ = &exporter_.Gauge("flashdraft_loss",
@@ -132,5 +137,7 @@ void CoordinatorMetrics::RecordEval(const EvalSummary& e) {
   eval_tau_->Set(e.tau);
   eval_seconds_->Set(e.seconds);
 }
+
+void CoordinatorMetrics::SetNumericsMixed(bool mixed) { numerics_mixed_->Set(mixed ? 1 : 0); }
 
 }  // namespace flashdraft

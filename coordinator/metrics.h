@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -28,9 +29,11 @@ struct EvalSummary {
 
 class CoordinatorMetrics {
  public:
-  // `backend` and `security` (ServerSecurity::description()): labels of flashdraft_build_info.
+  // `backend`, `security` (ServerSecurity::description()) and `numerics` (the coordinator's own
+  // NumericEnvLabels): labels of flashdraft_build_info.
   CoordinatorMetrics(const std::string& backend, int64_t total_steps, int block_size,
-                     const std::string& security = "");
+                     const std::string& security = "",
+                     const std::vector<std::pair<std::string, std::string>>& numerics = {});
 
   // Serves /metrics on `listen` ("host:port", port 0 picks one); returns the bound port.
   absl::StatusOr<int> Serve(const std::string& listen) {
@@ -47,6 +50,8 @@ class CoordinatorMetrics {
   void RecordRecovery(double seconds);
   // Workers still missing for min_workers while the job pauses (0 while it trains).
   void SetMissingWorkers(int missing);
+  // A worker of another numeric environment was admitted (cluster.mixed_numerics: admit).
+  void SetNumericsMixed(bool mixed);
   void AddStreamBytes(uint64_t bytes);  // Train-stream bytes queued to workers
   void RecordCheckpoint(double seconds, double unix_time);
   void RecordEval(const EvalSummary& eval);
@@ -57,6 +62,7 @@ class CoordinatorMetrics {
  private:
   MetricsExporter exporter_;
   prometheus::Gauge* step_;
+  prometheus::Gauge* numerics_mixed_;
   prometheus::Gauge* loss_;
   prometheus::Gauge* tau_;
   prometheus::Gauge* learning_rate_;

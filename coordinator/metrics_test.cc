@@ -56,6 +56,19 @@ TEST(CoordinatorMetricsTest, StepsSetGaugesCountersAndHistograms) {
   EXPECT_THAT(text, HasSubstr("flashdraft_stream_bytes_total{direction=\"sent\"} 4096\n"));
 }
 
+// The coordinator's numeric environment in the build info; a mixed job raises its gauge.
+TEST(CoordinatorMetricsTest, NumericsInBuildInfoAndTheMixedGauge) {
+  CoordinatorMetrics m(
+      "gloo", 30, 4, "plaintext",
+      {{"torch", "1.13.0 cpu, AVX2"}, {"blas", "OpenBLAS 0.3.21"}, {"blas_kernel", "Haswell"}});
+  EXPECT_THAT(m.Text(), HasSubstr("flashdraft_build_info{backend=\"gloo\",blas=\"OpenBLAS "
+                                  "0.3.21\",blas_kernel=\"Haswell\",commit="));
+  EXPECT_THAT(m.Text(), HasSubstr("torch=\"1.13.0 cpu, AVX2\""));
+  EXPECT_THAT(m.Text(), HasSubstr("flashdraft_numerics_mixed 0\n"));
+  m.SetNumericsMixed(true);
+  EXPECT_THAT(m.Text(), HasSubstr("flashdraft_numerics_mixed 1\n"));
+}
+
 // Evaluations add to vLLM-style counters (each evaluation's cycles, drafted and accepted tokens,
 // per position) and set the last τ.
 TEST(CoordinatorMetricsTest, EvaluationsCountLikeVllmsSpecDecodeCounters) {

@@ -56,25 +56,26 @@ void StepLog::WriteLine(const std::string& line) {
 void StepLog::WriteEvent(const nlohmann::json& event) { WriteLine(event.dump()); }
 
 void StepLog::Write(const StepRecord& r) {
-  const nlohmann::json j = {{"step", r.step},
-                            {"membership_epoch", r.membership_epoch},
-                            {"loss", r.loss},
-                            {"tokens", r.tokens},
-                            {"world_size", r.world_size},
-                            {"tau_estimate", r.TauEstimate()},
-                            {"slot_accuracy", r.SlotAccuracy()},
-                            {"weight_sum", r.weight_sum},
-                            {"collective_bytes", r.collective_bytes},
-                            {"learning_rate", r.learning_rate},
-                            {"step_seconds", r.step_seconds},
-                            {"unix_time", UnixSeconds()},
-                            {"timings",
-                             {{"wait", r.wait_seconds},
-                              {"max_wait", r.max_wait_seconds},
-                              {"forward", r.forward_seconds},
-                              {"backward", r.backward_seconds},
-                              {"allreduce", r.allreduce_seconds},
-                              {"optimizer", r.optimizer_seconds}}}};
+  nlohmann::json j = {{"step", r.step},
+                      {"membership_epoch", r.membership_epoch},
+                      {"loss", r.loss},
+                      {"tokens", r.tokens},
+                      {"world_size", r.world_size},
+                      {"tau_estimate", r.TauEstimate()},
+                      {"slot_accuracy", r.SlotAccuracy()},
+                      {"weight_sum", r.weight_sum},
+                      {"collective_bytes", r.collective_bytes},
+                      {"learning_rate", r.learning_rate},
+                      {"step_seconds", r.step_seconds},
+                      {"unix_time", UnixSeconds()},
+                      {"timings",
+                       {{"wait", r.wait_seconds},
+                        {"max_wait", r.max_wait_seconds},
+                        {"forward", r.forward_seconds},
+                        {"backward", r.backward_seconds},
+                        {"allreduce", r.allreduce_seconds},
+                        {"optimizer", r.optimizer_seconds}}}};
+  if (r.numerics_mixed) j["reproducible"] = false;
   WriteLine(j.dump());
 }
 

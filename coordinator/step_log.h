@@ -34,6 +34,9 @@ struct StepRecord {
   std::vector<double> rank_compute_seconds;
   double step_seconds = 0;
   double learning_rate = 0;
+  // Workers of different numeric environments trained this job (cluster.mixed_numerics: admit):
+  // the record says "reproducible": false.
+  bool numerics_mixed = false;
 
   std::vector<double> SlotAccuracy() const;
   double TauEstimate() const;

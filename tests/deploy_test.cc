@@ -33,6 +33,7 @@ namespace {
 
 using ::flashdraft::testing::FirstDifferentStep;
 using ::flashdraft::testing::FreeTcpPort;
+using ::flashdraft::testing::HostBlasKernel;
 using ::flashdraft::testing::PkiSecurityYaml;
 using ::flashdraft::testing::ReadEvents;
 using ::flashdraft::testing::ReadSteps;
@@ -94,9 +95,9 @@ std::vector<std::string> ExecStart(const std::string& unit, const std::string& i
 }
 
 // Shards (in `root`), a throwaway PKI (in `pki`) and a mutual-TLS job file (`path`, output_dir
-// `root`/out) of `max_steps` steps.
+// `root`/out) of `max_steps` steps, pinned to `blas_kernel` (train.blas_kernel) when one is given.
 void WriteSecuredJob(const std::string& root, const std::string& path, const std::string& pki,
-                     int max_steps) {
+                     int max_steps, const std::string& blas_kernel = "") {
   auto r =
       RunCommand(absl::StrCat(kBin, "/flashdraft make-shards --out ", root,
                               "/shards --samples 24 --seq 64 --vocab 48 --hidden 32 --seed 2"));
@@ -109,6 +110,7 @@ void WriteSecuredJob(const std::string& root, const std::string& path, const std
   job.output_dir = root + "/out";
   job.shards_dir = root + "/shards";
   job.max_steps = max_steps;
+  job.blas_kernel = blas_kernel;
   job.extra = PkiSecurityYaml(pki);
   EXPECT_TRUE(WriteFileAtomically(path, SmallJobYaml(job)).ok());
 }
@@ -251,7 +253,11 @@ TEST(DeployTest, SlurmBatchScriptTrainsCheckpointsAtSigtermAndResumes) {
   // Long enough that the signal lands mid-job (~25 ms a step here).
   const int kSteps = 240;
   const std::string job = root + "/job.yaml";
-  WriteSecuredJob(root, job, root + "/pki", kSteps);
+  // The job pins this machine's own OpenBLAS kernel: the batch script passes it to the coordinator
+  // and the workers, so they match the reference whatever OPENBLAS_CORETYPE this shell has.
+  const absl::StatusOr<std::string> kernel = HostBlasKernel(kBin);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  WriteSecuredJob(root, job, root + "/pki", kSteps, *kernel);
   // The reference: the same job with `flashdraft launch`.
   auto reference = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", job, " --workers 2 --out ",
                                            root, "/reference 2>&1"));
@@ -283,6 +289,9 @@ TEST(DeployTest, SlurmBatchScriptTrainsCheckpointsAtSigtermAndResumes) {
   const std::string first_log = ReadFile(root + "/slurm-" + id + ".out").value_or("");
   EXPECT_EQ(state, "COMPLETED 0:0") << first_log;
   EXPECT_THAT(first_log, HasSubstr("SIGTERM: checkpointing"));
+  if (!kernel->empty()) {
+    EXPECT_THAT(first_log, HasSubstr("OPENBLAS_CORETYPE=" + *kernel + " (train.blas_kernel)"));
+  }
   EXPECT_THAT(first_log, HasSubstr(absl::StrCat("output in ", root, "/out (Prometheus: ", root,
                                                 "/out/prometheus/targets.json)")));
   const size_t stopped_at = ReadSteps(steps).size();
@@ -405,11 +414,17 @@ TEST(DeployTest, ProxmoxDeploysTheJobIntoLxcContainers) {
                                         "  - {id: 301, role: worker, ip: 10.213.7.11/24}\n"
                                         "  - {id: 302, role: worker, ip: 10.213.7.12/24}\n"))
                   .ok());
+  // The job pins this machine's own OpenBLAS kernel, which reaches the units in the containers
+  // through their env files (a container inherits no environment from here); the reference, run
+  // here by launch, gets it from the same job.
+  const absl::StatusOr<std::string> kernel = HostBlasKernel(kBin);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
   auto write_job = [&](const std::string& path, int steps) {
     SmallJob job;
     job.name = "pvetest";
     job.shards_dir = "/data/shards";
     job.max_steps = steps;
+    job.blas_kernel = *kernel;
     ASSERT_TRUE(WriteFileAtomically(path, SmallJobYaml(job)).ok());
   };
   const std::string job = root + "/job.yaml";
@@ -454,6 +469,13 @@ TEST(DeployTest, ProxmoxDeploysTheJobIntoLxcContainers) {
   EXPECT_TRUE(std::filesystem::exists(out + "/drafter/model.safetensors")) << journal;
   EXPECT_THAT(journal, HasSubstr("worker 'flashdraft-301-cpu'"));
   EXPECT_THAT(journal, HasSubstr("worker 'flashdraft-302-cpu'"));
+  if (!kernel->empty()) {
+    const std::string pinned = "OPENBLAS_CORETYPE=" + *kernel + "\n";
+    EXPECT_THAT(pve.ContainerFile(300, "/etc/flashdraft/pvetest.env"), HasSubstr(pinned));
+    for (int id : {301, 302}) {
+      EXPECT_THAT(pve.ContainerFile(id, "/etc/flashdraft/worker.env"), HasSubstr(pinned)) << id;
+    }
+  }
   for (int id : {301, 302}) {
     EXPECT_EQ(pve.Exec(id, "systemctl show -p NRestarts --value flashdraft-worker@cpu"), "0")
         << pve.Exec(id, "journalctl --no-pager -u flashdraft-worker@cpu");
@@ -542,6 +564,24 @@ TEST(DeployTest, ProxmoxDryRunIsWhatTheDocsShowAndBadClusterFilesAreRefused) {
     if (take) absl::StrAppend(&gpu_lines, line, "\n");
   }
   EXPECT_EQ(gpu_lines, *ReadFile(kSource + "/tests/deploy/gpu-cgroup.golden"));
+
+  // A job that pins its OpenBLAS kernel (train.blas_kernel) has it in every unit's env file: a
+  // container inherits no environment from the machine that deploys it. The example pins none.
+  EXPECT_THAT(*env, ::testing::Not(HasSubstr("OPENBLAS_CORETYPE")));
+  const std::string pinned_job = dir.Join("pinned.yaml");
+  ASSERT_TRUE(
+      WriteFileAtomically(pinned_job,
+                          absl::StrReplaceAll(*ReadFile(examples + "job.example.yaml"),
+                                              {{"\ntrain:\n", "\ntrain:\n  blas_kernel: Zen\n"}}))
+          .ok());
+  auto pinned = RunCommand(
+      absl::StrCat(pve, "deploy ", cgroup, " ", pinned_job, " --state pinned --dry-run"));
+  ASSERT_EQ(pinned.exit_code, 0) << pinned.output;
+  for (const char* file : {"ct200/etc/demo.env", "ct201/etc/worker.env"}) {
+    auto pinned_env = ReadFile(dir.Join(absl::StrCat("pinned/bundles/", file)));
+    ASSERT_TRUE(pinned_env.ok()) << pinned_env.status();
+    EXPECT_THAT(*pinned_env, HasSubstr("OPENBLAS_CORETYPE=Zen\n")) << file;
+  }
 
   // A host ssh cannot reach is named as such (not taken for "not done yet" by the first check).
   if (access("/usr/bin/ssh", X_OK) == 0) {
@@ -684,12 +724,16 @@ TEST(DeployTest, ContainerImagesTrainAJobOnAPodmanNetwork) {
                                       "/pki --ip 10.213.9.10 && chown -R 10001:10001 ", etc,
                                       "/pki && mkdir -m 777 ", root, "/out 2>&1"));
   ASSERT_EQ(made.exit_code, 0) << made.output;
-  auto job = [](const std::string& at, const std::string& out, const std::string& listen) {
+  // Pinned to this machine's own OpenBLAS kernel: the containers inherit no environment from here.
+  const absl::StatusOr<std::string> kernel = HostBlasKernel(kBin);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  auto job = [&](const std::string& at, const std::string& out, const std::string& listen) {
     SmallJob j;
     j.name = "podtest";
     j.output_dir = out;
     j.shards_dir = at + "/shards";
     j.max_steps = 300;
+    j.blas_kernel = *kernel;
     j.extra = absl::StrCat("cluster: {listen: '", listen, "', max_workers: 2, min_workers: 2}\n",
                            PkiSecurityYaml(at + "/pki"));
     return SmallJobYaml(j);
@@ -719,11 +763,15 @@ TEST(DeployTest, ContainerImagesTrainAJobOnAPodmanNetwork) {
                                                  "/out:/var/lib/flashdraft/out "
                                                  "localhost/flashdraft-coordinator:test"));
   ASSERT_EQ(c.exit_code, 0) << c.output;
+  // Both ways the job's kernel reaches a container (docs/DEPLOY.md): the coordinator pins itself
+  // from the job (it starts again with OPENBLAS_CORETYPE), the workers are given it up front.
+  const std::string worker_env =
+      kernel->empty() ? "" : absl::StrCat("-e OPENBLAS_CORETYPE=", *kernel, " ");
   for (int w : {1, 2}) {
     auto started = podman.Start(
         absl::StrCat("fdw", w, "-", id),
         absl::StrCat(
-            "--network ", podman.network(), " --ip 10.213.9.1", w, " ", mount,
+            "--network ", podman.network(), " --ip 10.213.9.1", w, " ", mount, worker_env,
             "-e FLASHDRAFT_COORDINATOR=10.213.9.10:7600 localhost/flashdraft-worker:test"));
     ASSERT_EQ(started.exit_code, 0) << started.output;
   }

@@ -283,6 +283,18 @@ TEST_F(DistributedTest, JoinRefusesOtherProtocolVersionsAndModelShapes) {
   EXPECT_THAT(r.reason(), HasSubstr("the job sums gradients over gloo (cluster.backend) and this "
                                     "worker has only 'nccl'"));
 
+  // A worker must say how it computes (Capability.numerics), in printable text.
+  v1::JoinRequest silent;
+  silent.set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  r = join(silent);
+  EXPECT_FALSE(r.accepted());
+  EXPECT_THAT(r.reason(), HasSubstr("the worker did not report its numeric environment"));
+  silent.mutable_capability()->mutable_numerics()->set_blas_core("Has\nwell");
+  r = join(silent);
+  EXPECT_FALSE(r.accepted());
+  EXPECT_THAT(r.reason(),
+              HasSubstr("Capability.numerics: blas_core must be at most 256 printable"));
+
   // An unknown session token gets nothing from the store.
   grpc::ClientContext ctx;
   v1::StoreRequest store;
@@ -324,6 +336,7 @@ TEST_F(DistributedTest, FetchTensorsServesFrozenTensorsAndStartingWeights) {
   v1::JoinRequest join;
   join.set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
   join.set_worker_id("fetcher");
+  join.mutable_capability()->mutable_numerics()->set_torch("a test client");
   v1::JoinReply joined;
   {
     grpc::ClientContext ctx;
@@ -446,6 +459,103 @@ TEST_F(DistributedTest, AWorkerKilledMidRunChangesNoNumber) {
   EXPECT_GT(events.back()["membership_epoch"].get<int>(), 1);
   EXPECT_TRUE(*ReadFile(dir_->Join("run1/drafter/model.safetensors")) ==
               *ReadFile(out + "/drafter/model.safetensors"));
+}
+
+// A worker whose OpenBLAS chose another kernel than the job's other workers is refused, naming
+// the difference; when the job pins the kernel (train.blas_kernel), a worker started with another
+// starts itself again with the job's and trains.
+TEST_F(DistributedTest, AWorkerOfAnotherBlasKernelIsRefusedByName) {
+  using ::flashdraft::testing::ProbeBlasKernel;
+  const absl::StatusOr<std::string> mine = ProbeBlasKernel(kBin, "");  // this environment's
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  if (mine->empty()) GTEST_SKIP() << "needs OpenBLAS (libopenblas0-pthread) behind LibTorch";
+  const std::string other = *mine == "Prescott" ? "Core2" : "Prescott";
+  ASSERT_EQ(ProbeBlasKernel(kBin, "OPENBLAS_CORETYPE=" + other).value_or(""), other)
+      << "OpenBLAS did not take OPENBLAS_CORETYPE=" << other;
+  const std::string out = dir_->Join("kernels");
+  ::flashdraft::testing::SmallJob job;
+  job.output_dir = out;
+  job.shards_dir = dir_->Join("shards");
+  job.max_steps = 100000;
+  job.extra = "cluster: {max_workers: 2, heartbeat_interval_seconds: 1}\n";
+  ASSERT_TRUE(WriteFileAtomically(out + ".yaml", ::flashdraft::testing::SmallJobYaml(job)).ok());
+  CoordinatorProcess coordinator(kBin, out + ".yaml", out + "-coordinator.log");
+  ASSERT_GT(coordinator.port(), 0);
+  const std::string address = absl::StrCat("127.0.0.1:", coordinator.port());
+  const pid_t first = StartProcess(
+      {kBin + "/flashdraft-worker", "--coordinator", address, "--id", "first"}, out + "-first.log");
+  bool joined = false;
+  for (int i = 0; i < 600 && !joined; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    joined = !ReadEvents(out + "/steps.jsonl", "numerics").empty();
+  }
+  ASSERT_TRUE(joined) << *ReadFile(out + "-coordinator.log");
+  const auto numerics = ReadEvents(out + "/steps.jsonl", "numerics").front();
+  EXPECT_EQ(numerics["workers"]["blas_core"], *mine) << numerics.dump();
+  auto r = RunCommand(absl::StrCat("OPENBLAS_CORETYPE=", other, " ", kBin,
+                                   "/flashdraft-worker --coordinator ", address, " --id second"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output,
+              HasSubstr(absl::StrCat("refused by the coordinator: its numeric environment "
+                                     "differs from the job's other workers' (blas_core '",
+                                     other, "' != '", *mine, "')")));
+  kill(first, SIGKILL);
+  waitpid(first, nullptr, 0);
+  coordinator.Terminate();
+
+  // Pinned: the worker started with another kernel joins with the job's after one restart.
+  const std::string pinned = dir_->Join("pinned");
+  job.output_dir = pinned;
+  job.max_steps = 12;
+  job.blas_kernel = *mine;
+  job.extra.clear();
+  ASSERT_TRUE(WriteFileAtomically(pinned + ".yaml", ::flashdraft::testing::SmallJobYaml(job)).ok());
+  CoordinatorProcess pinned_coordinator(kBin, pinned + ".yaml", pinned + "-coordinator.log");
+  ASSERT_GT(pinned_coordinator.port(), 0);
+  r = RunCommand(absl::StrCat(
+      "OPENBLAS_CORETYPE=", other, " ", kBin,
+      "/flashdraft-worker --coordinator 127.0.0.1:", pinned_coordinator.port(), " --id pinned"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(absl::StrCat("OpenBLAS chose the kernel '", other,
+                                               "' and the job pins '", *mine,
+                                               "' (train.blas_kernel): starting again with "
+                                               "OPENBLAS_CORETYPE=",
+                                               *mine)));
+  EXPECT_EQ(pinned_coordinator.Wait(60), 0) << *ReadFile(pinned + "-coordinator.log");
+  EXPECT_EQ(ReadSteps(pinned + "/steps.jsonl").size(), 12u);
+  EXPECT_EQ(ReadEvents(pinned + "/steps.jsonl", "numerics").front()["workers"]["blas_core"], *mine);
+
+  // cluster.mixed_numerics: admit lets both in, and every record says the job is no longer
+  // reproducible to the bit: the event, each step, the checkpoint.
+  const std::string mixed = dir_->Join("mixed");
+  job.output_dir = mixed;
+  job.blas_kernel.clear();
+  job.extra = "cluster: {min_workers: 2, max_workers: 2, mixed_numerics: admit}\n";
+  ASSERT_TRUE(WriteFileAtomically(mixed + ".yaml", ::flashdraft::testing::SmallJobYaml(job)).ok());
+  CoordinatorProcess mixed_coordinator(kBin, mixed + ".yaml", mixed + "-coordinator.log");
+  ASSERT_GT(mixed_coordinator.port(), 0);
+  const std::string at = absl::StrCat("127.0.0.1:", mixed_coordinator.port());
+  std::vector<pid_t> workers;
+  for (const std::string& kernel : {std::string(), other}) {
+    workers.push_back(StartProcess(
+        {kBin + "/flashdraft-worker", "--coordinator", at, "--id", kernel.empty() ? "a" : "b"},
+        mixed + "-" + (kernel.empty() ? "a" : "b") + ".log",
+        kernel.empty() ? std::vector<std::string>{}
+                       : std::vector<std::string>{"OPENBLAS_CORETYPE=" + kernel}));
+  }
+  EXPECT_EQ(mixed_coordinator.Wait(60), 0) << *ReadFile(mixed + "-coordinator.log");
+  for (pid_t w : workers) waitpid(w, nullptr, 0);
+  const auto events = ReadEvents(mixed + "/steps.jsonl", "numerics");
+  ASSERT_EQ(events.size(), 2u) << *ReadFile(mixed + "/steps.jsonl");
+  EXPECT_EQ(events[1]["reproducible"], false);
+  EXPECT_THAT(events[1]["mixed"].get<std::string>(), HasSubstr("blas_core"));
+  const auto steps = ReadSteps(mixed + "/steps.jsonl");
+  ASSERT_EQ(steps.size(), 12u);
+  for (const auto& step : steps) EXPECT_EQ(step["reproducible"], false) << step.dump();
+  const auto manifest =
+      nlohmann::json::parse(*ReadFile(mixed + "/checkpoints/step-00000012/checkpoint.json"));
+  EXPECT_EQ(manifest["numerics"]["mixed"], true) << manifest.dump();
+  EXPECT_EQ(manifest["numerics"]["precision"], "fp32");
 }
 
 TEST_F(DistributedTest, CtrlCStopsEveryProcess) {

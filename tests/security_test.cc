@@ -297,7 +297,10 @@ TEST_F(SecurityTest, BadFilesAreRefusedAtStartNamingTheFileAndTheFault) {
 TEST_F(SecurityTest, BadInputOverTheRealServerIsRefusedAndTheJobGoesOn) {
   const std::string job =
       WriteJob("hostile", SecureSection(),
-               ", heartbeat_interval_seconds: 0.5, heartbeat_timeout_seconds: 3");
+               // The raw client reports a made-up numeric environment: the real worker after it
+               // is let in all the same (and the job says so).
+               ", heartbeat_interval_seconds: 0.5, heartbeat_timeout_seconds: 3, "
+               "mixed_numerics: admit");
   auto reference = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", job, " --workers 1 --out ",
                                            dir_->Join("hostile-reference")));
   ASSERT_EQ(reference.exit_code, 0) << reference.output;
@@ -331,6 +334,7 @@ TEST_F(SecurityTest, BadInputOverTheRealServerIsRefusedAndTheJobGoesOn) {
     v1::JoinRequest r;
     r.set_protocol_version(version);
     r.set_worker_id(id);
+    r.mutable_capability()->mutable_numerics()->set_torch("a test client");
     v1::JoinReply reply;
     EXPECT_TRUE(stub->Join(&ctx, r, &reply).ok());
     return reply;

@@ -12,6 +12,7 @@
 #include "cli/security_flags.h"
 #include "common/logging.h"
 #include "common/malloc_tuning.h"
+#include "common/numeric_env.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
@@ -61,6 +62,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.security = *security;
+  options.pin_blas_kernel = [argv](const std::string& kernel) {
+    return flashdraft::PinBlasKernel(kernel, argv);
+  };
   // SIGTERM: leave at the next step boundary and exit 0; a second SIGTERM ends it at once.
   struct sigaction sa {};
   sa.sa_handler = [](int) { flashdraft::RequestLeave(); };

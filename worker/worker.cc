@@ -17,10 +17,12 @@
 #include "common/file_util.h"
 #include "common/job_config.h"
 #include "common/net_util.h"
+#include "common/numeric_env.h"
 #include "common/security.h"
 #include "common/status_macros.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
 #include "glog/logging.h"
+#include "model/numeric_probe.h"
 #include "worker/coordinator_link.h"
 #include "worker/fault.h"
 #include "worker/grpc_store.h"
@@ -44,6 +46,17 @@ void SleepUnlessLeaving(double seconds) {
   }
 }
 
+int LocalCudaDevice();
+
+// This process's numeric environment; the GPU named is the one it would train on.
+NumericEnv WorkerNumerics(const WorkerOptions& o) {
+  const std::string gpu =
+      CudaDeviceUsable().ok()
+          ? CudaDeviceName(o.cuda_device >= 0 ? o.cuda_device : LocalCudaDevice())
+          : "";
+  return ProbeNumericEnv(gpu);
+}
+
 // The process's /metrics: started at the first Join (the job says where), kept across sessions.
 struct MetricsEndpoint {
   std::unique_ptr<WorkerMetrics> metrics;
@@ -51,14 +64,16 @@ struct MetricsEndpoint {
   bool decided = false;
 };
 
-absl::Status StartMetrics(const WorkerOptions& o, const JobConfig& job, MetricsEndpoint& m) {
+absl::Status StartMetrics(const WorkerOptions& o, const JobConfig& job, const NumericEnv& numerics,
+                          MetricsEndpoint& m) {
   if (m.decided) return absl::OkStatus();
   m.decided = true;
   const bool from_flag = !o.metrics_listen.empty();
   const std::string listen = from_flag ? o.metrics_listen : job.metrics.worker_listen;
   const std::string field = from_flag ? "--metrics-listen" : "metrics.worker_listen";
   if (!job.metrics.enabled || listen.empty() || listen == "off") return absl::OkStatus();
-  auto metrics = std::make_unique<WorkerMetrics>(job.worker.device, job.cluster.backend);
+  auto metrics = std::make_unique<WorkerMetrics>(job.worker.device, job.cluster.backend,
+                                                 NumericEnvLabels(numerics));
   absl::StatusOr<int> port = metrics->Serve(listen, field);
   if (!port.ok()) return absl::FailedPreconditionError(port.status().message());
   absl::StatusOr<std::string> toward = LocalAddressToward(o.coordinator);
@@ -98,27 +113,35 @@ int LocalCudaDevice() {
   return 0;
 }
 
+v1::JoinRequest MakeJoinRequest(const WorkerOptions& o, const NumericEnv& numerics) {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  v1::JoinRequest join;
+  join.set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  join.set_worker_id(o.worker_id.empty() ? absl::StrCat(host, ":", getpid()) : o.worker_id);
+  v1::Capability& c = *join.mutable_capability();
+  c.set_hostname(host);
+  c.set_device(torch::cuda::is_available() ? absl::StrCat("cuda x", torch::cuda::device_count())
+                                           : "cpu");
+  c.set_backend(kBuiltBackends);
+  if (absl::StatusOr<CudaMemory> m = CudaMemoryInfo(0); m.ok()) {
+    c.set_device_memory_bytes(static_cast<uint64_t>(m->total_bytes));
+  }
+  NumericEnvToProto(numerics, c.mutable_numerics());
+  return join;
+}
+
 // One session with one coordinator process: join, fetch, train until the job ends. UNAVAILABLE
 // when the coordinator could not be reached or went away (RunWorker joins again).
-absl::Status RunSession(const WorkerOptions& o, MetricsEndpoint& endpoint) {
+absl::Status RunSession(const WorkerOptions& o, const NumericEnv& numerics,
+                        MetricsEndpoint& endpoint) {
   FD_ASSIGN_OR_RETURN(const FaultPlan fault, ParseFault(std::getenv("FLASHDRAFT_FAULT")));
   FD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
                       CreateSecureChannel(o.coordinator, o.security));
   std::shared_ptr<v1::Coordinator::Stub> stub = v1::Coordinator::NewStub(channel);
 
   // --- Join: admission and the job; the rank comes with the first epoch's Reform ---
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  v1::JoinRequest join;
-  join.set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
-  join.set_worker_id(o.worker_id.empty() ? absl::StrCat(host, ":", getpid()) : o.worker_id);
-  join.mutable_capability()->set_hostname(host);
-  join.mutable_capability()->set_device(
-      torch::cuda::is_available() ? absl::StrCat("cuda x", torch::cuda::device_count()) : "cpu");
-  join.mutable_capability()->set_backend(kBuiltBackends);
-  if (absl::StatusOr<CudaMemory> m = CudaMemoryInfo(0); m.ok()) {
-    join.mutable_capability()->set_device_memory_bytes(static_cast<uint64_t>(m->total_bytes));
-  }
+  const v1::JoinRequest join = MakeJoinRequest(o, numerics);
   v1::JoinReply reply;
   // Short attempts up to connect_timeout_seconds, so that a SIGTERM meanwhile is seen.
   const double join_start = Now();
@@ -144,20 +167,25 @@ absl::Status RunSession(const WorkerOptions& o, MetricsEndpoint& endpoint) {
     }
   }
   if (!reply.accepted()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("refused by the coordinator: ", reply.reason()));
+    // Another OpenBLAS kernel than the job pins: start again with it (once; it does not return).
+    const absl::Status pinned = !reply.blas_kernel().empty() && o.pin_blas_kernel
+                                    ? o.pin_blas_kernel(reply.blas_kernel())
+                                    : absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refused by the coordinator: ", reply.reason(), pinned.ok() ? "" : "; ", pinned.message()));
   }
   FD_ASSIGN_OR_RETURN(JobConfig job,
                       ParseJobConfig(reply.job_config_yaml(), "the coordinator's job"));
   FD_ASSIGN_OR_RETURN(
       DrafterModelConfig config,
       ParseDrafterConfig(reply.drafter_config_json(), "the coordinator's drafter config"));
-  FD_RETURN_IF_ERROR(StartMetrics(o, job, endpoint));
+  FD_RETURN_IF_ERROR(StartMetrics(o, job, numerics, endpoint));
   if (endpoint.metrics) endpoint.metrics->Joined();
   // One thread count for the whole job (train.intra_op_threads): some reductions split by it.
   torch::set_num_threads(job.train.intra_op_threads);
   LOG(INFO) << "joined as '" << join.worker_id() << "' with " << job.train.intra_op_threads
-            << " intra-op thread(s)";
+            << " intra-op thread(s), precision " << job.train.precision << ", on "
+            << job.worker.device;
 
   SessionSetup setup;
   setup.worker_id = join.worker_id();
@@ -202,6 +230,7 @@ std::string ProbeWorker() {
   const absl::Status usable = CudaDeviceUsable();
   absl::StrAppend(&out, "cuda_devices: ", usable.ok() ? CudaDeviceCount() : 0, "\n");
   if (!usable.ok()) absl::StrAppend(&out, "cuda: ", usable.message(), "\n");
+  absl::StrAppend(&out, NumericEnvProbeLines(WorkerNumerics(WorkerOptions())));
   return out;
 }
 
@@ -212,9 +241,11 @@ absl::Status RunWorker(const WorkerOptions& o) {
   double backoff = 0.5;
   double lost_at = Now();
   MetricsEndpoint metrics;
+  const NumericEnv numerics = WorkerNumerics(o);
+  LOG(INFO) << "numerics: " << DescribeNumericEnv(numerics);
   while (true) {
     const double started = Now();
-    absl::Status s = RunSession(o, metrics);
+    absl::Status s = RunSession(o, numerics, metrics);
     if (g_leave_requested && (s.ok() || absl::IsUnavailable(s))) {
       LOG(INFO) << "left the job (SIGTERM)";
       return absl::OkStatus();

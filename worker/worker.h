@@ -4,6 +4,7 @@
 // optimizer step. gRPC threads only move bytes into a queue.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -29,13 +30,17 @@ struct WorkerOptions {
   // worker.device: cuda — the GPU ordinal; -1: the local rank's (LOCAL_RANK / SLURM_LOCALID among
   // the visible GPUs; the only one when CUDA_VISIBLE_DEVICES names one).
   int cuda_device = -1;
+  // Refused because its OpenBLAS kernel is not the one the job pins (train.blas_kernel): starts
+  // the process again with it (PinBlasKernel); returns only an error. Unset: the refusal stands.
+  std::function<absl::Status(const std::string& kernel)> pin_blas_kernel;
 };
 
 // Trains until the job ends (OK), this worker is told to leave or asked to (OK), or a fatal error.
 absl::Status RunWorker(const WorkerOptions& options);
 
 // What this binary can run, one "key: value" per line: backends (gloo[,nccl]), torch_cuda
-// (yes|no: LibTorch has CUDA), cuda_devices (visible to the CUDA runtime) and cuda (why none).
+// (yes|no: LibTorch has CUDA), cuda_devices (visible to the CUDA runtime) and cuda (why none),
+// then its numeric environment (torch, blas, blas_core, blas_threads, blas_env, cpu, gpu).
 std::string ProbeWorker();
 
 // Leave the job at the next step boundary (the coordinator re-forms the group without this

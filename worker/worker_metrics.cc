@@ -2,8 +2,9 @@
 
 namespace flashdraft {
 
-WorkerMetrics::WorkerMetrics(const std::string& device, const std::string& backend)
-    : exporter_({{"device", device}, {"backend", backend}}) {
+WorkerMetrics::WorkerMetrics(const std::string& device, const std::string& backend,
+                             const std::vector<std::pair<std::string, std::string>>& numerics)
+    : exporter_({{"device", device}, {"backend", backend}}, numerics) {
   MetricsExporter& e = exporter_;
   joins_ = &e.Counter("flashdraft_worker_joins_total",
                       "Sessions this worker began with the coordinator (1 + rejoins)");

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -18,8 +19,9 @@ struct StepPhases {
 
 class WorkerMetrics {
  public:
-  // `device` and `backend`: labels of flashdraft_build_info.
-  WorkerMetrics(const std::string& device, const std::string& backend);
+  // `device`, `backend` and `numerics` (NumericEnvLabels): labels of flashdraft_build_info.
+  WorkerMetrics(const std::string& device, const std::string& backend,
+                const std::vector<std::pair<std::string, std::string>>& numerics = {});
 
   // Serves /metrics on `listen`; `field` names the setting in errors. Returns the bound port.
   absl::StatusOr<int> Serve(const std::string& listen, const std::string& field) {

@@ -1,5 +1,5 @@
 // libFuzzer: the checkpoint loader on a damaged checkpoint.json (the files it names exist and are
-// whole; the manifest is what the fuzzer writes).
+// whole; the manifest is what the fuzzer writes), and its "numerics" record as a resume reads it.
 #include <unistd.h>
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "coordinator/checkpoint.h"
+#include "coordinator/numerics_group.h"
 
 namespace {
 
@@ -35,5 +36,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   flashdraft::CheckpointStore store(Root(), 3, "0123abcd");
   (void)store.Latest();
+  // The record alone (Latest() stops at the CRCs first).
+  (void)flashdraft::ParseRecordedNumerics(std::string(reinterpret_cast<const char*>(data), size),
+                                          "checkpoint.json");
   return 0;
 }

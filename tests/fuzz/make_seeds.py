@@ -66,6 +66,13 @@ crc = crc32c(b"12345678{}")
 put("checkpoint", "checkpoint.json", json.dumps({
     "format": 1, "completed_steps": 1, "job": "0123abcd",
     "files": {"model.safetensors": crc, "optimizer.safetensors": crc}}))
+# ... and a "numerics" record as the coordinator writes it (parsed by a resume).
+env = {"torch": "1.13.0", "torch_build": "cpu, AVX2", "blas": "OpenBLAS 0.3.21",
+       "blas_core": "Haswell", "device": "cpu", "gpu": "", "blas_threads": 1, "blas_env": [],
+       "cpu": ""}
+put("checkpoint", "numerics.json", json.dumps({
+    "coordinator": dict(env, blas_core="Zen", blas_env=["OPENBLAS_CORETYPE=Zen"]),
+    "workers": env, "mixed": False, "precision": "fp32", "intra_op_threads": 1}))
 
 
 def byte_level_char(b):

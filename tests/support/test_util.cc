@@ -19,8 +19,11 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace flashdraft::testing {
 
@@ -290,8 +293,30 @@ std::string SmallJobYaml(const SmallJob& job) {
                   "data: {source: shards, shards_dir: ", job.shards_dir, ", max_seq_len: 64}\n",
                   "train: {seed: ", job.seed);
   if (job.learning_rate > 0) absl::StrAppend(&yaml, ", learning_rate: ", job.learning_rate);
+  if (!job.blas_kernel.empty()) absl::StrAppend(&yaml, ", blas_kernel: ", job.blas_kernel);
   absl::StrAppend(&yaml, ", max_steps: ", job.max_steps, ", global_batch_size: 6}\n", job.extra);
   return yaml;
+}
+
+absl::StatusOr<std::string> ProbeBlasKernel(const std::string& bin, const std::string& env) {
+  const std::string command =
+      absl::StrCat(env, env.empty() ? "" : " ", ShellQuote(bin + "/flashdraft-worker"), " --probe");
+  // stdout only: a log line on stderr must not split the probe's lines.
+  CommandResult r = Popen(command + " 2>/dev/null");
+  if (r.exit_code != 0) {
+    return absl::InternalError(
+        absl::StrCat(command, " exited with ", r.exit_code, ":\n", r.output));
+  }
+  for (absl::string_view line : absl::StrSplit(r.output, '\n')) {
+    if (absl::ConsumePrefix(&line, "blas_core:")) {
+      return std::string(absl::StripAsciiWhitespace(line));
+    }
+  }
+  return absl::NotFoundError(absl::StrCat(command, " printed no blas_core line:\n", r.output));
+}
+
+absl::StatusOr<std::string> HostBlasKernel(const std::string& bin) {
+  return ProbeBlasKernel(bin, "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE");
 }
 
 std::string PkiSecurityYaml(const std::string& pki) {

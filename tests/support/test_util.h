@@ -116,9 +116,19 @@ struct SmallJob {
   int64_t max_steps = 30;
   uint64_t seed = 1;
   double learning_rate = 0;  // 0: the default
+  std::string blas_kernel;   // train.blas_kernel; empty: not pinned
   std::string extra;
 };
 std::string SmallJobYaml(const SmallJob& job);
+
+// The OpenBLAS kernel `bin`/flashdraft-worker chooses by itself on this machine (the blas_core of
+// its --probe, run without OPENBLAS_CORETYPE): one this CPU runs, for train.blas_kernel of a job
+// whose runs in containers (which do not inherit this environment) are compared with runs here.
+// Empty when the BLAS is not OpenBLAS; an error when the probe fails or prints no blas_core line.
+absl::StatusOr<std::string> HostBlasKernel(const std::string& bin);
+// The blas_core of `bin`/flashdraft-worker --probe run after the shell words `env` (e.g.
+// "OPENBLAS_CORETYPE=Prescott"; "": this process's environment as it is).
+absl::StatusOr<std::string> ProbeBlasKernel(const std::string& bin, const std::string& env);
 
 // The job's security section for the files `deploy/make-certs.sh <pki>` makes (mutual TLS and the
 // job secret), one line.
