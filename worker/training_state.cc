@@ -268,8 +268,14 @@ absl::Status SendCheckpoint(const NamedTensors& tensors, uint64_t completed_step
     FD_ASSIGN_OR_RETURN(const DType dtype, FromTorchDType(t.scalar_type()));
     FD_RETURN_IF_ERROR(EncodeTensor({name, dtype, t.sizes().vec()}, t.data_ptr(), t.nbytes(),
                                     kDefaultMaxChunkBytes, chunk, [&](v1::TensorChunk& c) {
+                                      // The data moves into the message; the header is copied,
+                                      // since `c` carries it on to the tensor's next chunk (a swap
+                                      // left every chunk after the first without one).
                                       v1::WorkerMessage m;
-                                      m.mutable_tensor_chunk()->Swap(&c);
+                                      std::string data = std::move(*c.mutable_data());
+                                      c.clear_data();
+                                      *m.mutable_tensor_chunk() = c;
+                                      *m.mutable_tensor_chunk()->mutable_data() = std::move(data);
                                       return write(m) ? absl::OkStatus() : closed;
                                     }));
     if (&name == &tensors.front().first) after_first_tensor();

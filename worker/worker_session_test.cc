@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <functional>
@@ -17,9 +18,11 @@
 #include <vector>
 
 #include "common/chunk_wire.h"
+#include "common/tensor_codec.h"
 #include "model/synthetic_data.h"
 #include "model/wire_tensor.h"
 #include "tests/support/test_util.h"
+#include "worker/training_state.h"
 
 namespace flashdraft {
 namespace {
@@ -435,6 +438,45 @@ TEST_F(WorkerSessionTest, StartingWeightsOfAnotherShapeAreRefused) {
 }
 
 // The inbox assembles microbatches from chunks and refuses a stream out of order.
+// A checkpoint upload of tensors larger than one chunk (one of a size no multiple of the chunk
+// size) arrives whole: every chunk carries the tensor's header (a real drafter's matrices are
+// many chunks each; the second chunk once came without one and the checkpoint was refused).
+TEST(SendCheckpointTest, TensorsOfSeveralChunksArriveWhole) {
+  const int64_t floats_per_chunk = kDefaultMaxChunkBytes / 4;
+  NamedTensors tensors = {{"drafter.fc.weight", torch::randn({2 * floats_per_chunk + 123})},
+                          {"drafter.norm.weight", torch::randn({7})},
+                          {"adamw.fc.weight.exp_avg", torch::randn({3, floats_per_chunk})}};
+  std::vector<std::vector<uint8_t>> received(tensors.size());
+  size_t current = 0;
+  int chunks = 0;
+  std::optional<TensorAssembler> assembler;
+  auto write = [&](v1::WorkerMessage& m) {
+    if (!m.has_tensor_chunk()) return true;  // the announcement
+    ++chunks;
+    if (!assembler.has_value()) {
+      assembler.emplace([&](const TensorSpec&, uint64_t nbytes) -> absl::StatusOr<void*> {
+        received[current].resize(nbytes);
+        return received[current].data();
+      });
+    }
+    const absl::Status added = assembler->Add(m.tensor_chunk());
+    EXPECT_TRUE(added.ok()) << added;
+    if (assembler->complete()) {
+      assembler.reset();
+      ++current;
+    }
+    return true;
+  };
+  ASSERT_TRUE(SendCheckpoint(tensors, 5, write, [] {}).ok());
+  EXPECT_EQ(chunks, 3 + 1 + 3);
+  ASSERT_EQ(current, tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const torch::Tensor& t = tensors[i].second;
+    ASSERT_EQ(received[i].size(), t.nbytes()) << tensors[i].first;
+    EXPECT_EQ(std::memcmp(received[i].data(), t.data_ptr(), t.nbytes()), 0) << tensors[i].first;
+  }
+}
+
 TEST(SessionInboxTest, ChunksOutsideAMicrobatchAreAnError) {
   FakeLink link;
   SessionInbox inbox;
