@@ -85,7 +85,6 @@ void ProbeBlas(NumericEnv& env) {
     if (absl::StartsWith(*e, "OPENBLAS_")) env.blas_env.emplace_back(*e);
   }
   std::sort(env.blas_env.begin(), env.blas_env.end());
-  SanitizeNumericEnv(env);
 }
 
 void SanitizeNumericEnv(NumericEnv& env) {
@@ -224,11 +223,15 @@ NumericEnv NumericEnvFromProto(const v1::NumericEnv& in, bool on_gpu) {
   env.blas = in.blas();
   env.blas_core = in.blas_core();
   env.gpu = in.gpu();
-  env.device = on_gpu ? absl::StrCat("cuda ", in.gpu()) : "cpu";
+  env.device = ComputeDevice(in.gpu(), on_gpu);
   env.blas_threads = static_cast<int>(std::min<uint32_t>(in.blas_threads(), 1u << 20));
   env.blas_env.assign(in.blas_env().begin(), in.blas_env().end());
   env.cpu = in.cpu();
   return env;
+}
+
+std::string ComputeDevice(const std::string& gpu, bool on_gpu) {
+  return on_gpu ? absl::StrCat("cuda ", gpu) : "cpu";
 }
 
 bool SameBlasKernel(const std::string& core, const std::string& kernel) {

@@ -38,7 +38,8 @@ struct NumericEnv {
 };
 
 // Fills the BLAS fields of `env` from the OpenBLAS this process loaded (none found: blas and
-// blas_core stay empty) and the OPENBLAS_* variables of its environment.
+// blas_core stay empty) and the OPENBLAS_* variables of its environment, as they are
+// (ProbeNumericEnv sanitizes the whole environment).
 void ProbeBlas(NumericEnv& env);
 // Makes a probed environment fit what ValidateNumericEnv accepts (it travels and is recorded):
 // at most 16 blas_env entries, every text cut to its limit, non-printable bytes as '?'.
@@ -69,6 +70,8 @@ absl::Status ValidateNumericEnv(const NumericEnv& env, const std::string& what);
 // GPUs (worker.device cuda), which makes the device "cuda <gpu>"; check with ValidateNumericEnv.
 void NumericEnvToProto(const NumericEnv& env, v1::NumericEnv* out);
 NumericEnv NumericEnvFromProto(const v1::NumericEnv& in, bool on_gpu);
+// The device field: "cuda <gpu>" when `on_gpu`, else "cpu".
+std::string ComputeDevice(const std::string& gpu, bool on_gpu);
 
 // Whether OpenBLAS's kernel `core` is the one `kernel` names (OpenBLAS compares names without
 // case).

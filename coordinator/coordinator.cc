@@ -365,10 +365,7 @@ std::string Coordinator::CapabilityRefusal(const v1::JoinRequest& request) const
   if (!request.capability().has_numerics()) {
     return "the worker did not report its numeric environment (Capability.numerics)";
   }
-  const absl::Status numerics = ValidateNumericEnv(
-      NumericEnvFromProto(request.capability().numerics(), job_.worker.device == "cuda"),
-      "Capability.numerics");
-  return numerics.ok() ? "" : std::string(numerics.message());
+  return "";
 }
 
 void Coordinator::Join(const v1::JoinRequest& request, v1::JoinReply* reply) {
@@ -380,6 +377,9 @@ void Coordinator::Join(const v1::JoinRequest& request, v1::JoinReply* reply) {
   if (std::string why = CapabilityRefusal(request); !why.empty()) return refuse(why);
   const NumericEnv env =
       NumericEnvFromProto(request.capability().numerics(), job_.worker.device == "cuda");
+  if (absl::Status s = ValidateNumericEnv(env, "Capability.numerics"); !s.ok()) {
+    return refuse(std::string(s.message()));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (membership_->Members().empty()) numerics_->GroupEmptied();
   const NumericsDecision numerics = numerics_->Consider(env);
@@ -407,7 +407,7 @@ void Coordinator::RecordAdmittedNumericsLocked(const std::string& worker, const 
     fields["event"] = "numerics";
     fields["worker"] = worker;
     fields["unix_time"] = UnixSeconds();
-    pending_events_.push_back(fields.dump());  // written by Run's thread (FlushEvents)
+    pending_events_.push_back(std::move(fields));  // written by Run's thread (FlushEvents)
   };
   if (decision.first) {
     LOG(INFO) << "the workers' numeric environment (worker '" << worker
@@ -433,12 +433,12 @@ void Coordinator::RecordAdmittedNumericsLocked(const std::string& worker, const 
 }
 
 void Coordinator::FlushEvents() {
-  std::vector<std::string> events;
+  std::vector<nlohmann::json> events;
   {
     std::lock_guard<std::mutex> lock(mu_);
     events.swap(pending_events_);
   }
-  for (const std::string& e : events) step_log_->WriteEvent(nlohmann::json::parse(e));
+  for (const nlohmann::json& e : events) step_log_->WriteEvent(e);
 }
 
 bool Coordinator::ValidToken(const std::string& token) const {

@@ -181,7 +181,7 @@ class Coordinator {
   // environment than the checkpoint's says so (log and steps.jsonl).
   void SetUpNumerics();
   // Why a Join is refused before admission (names, protocol, collectives, model shape, numerics
-  // reported); empty: nothing against it.
+  // reported at all); empty: nothing against it.
   std::string CapabilityRefusal(const v1::JoinRequest& request) const;
   // The admitted worker's numerics in the log, /metrics and (queued for FlushEvents) steps.jsonl:
   // the group's when it is the first, a difference from the workers before, a mixed admission.
@@ -230,7 +230,7 @@ class Coordinator {
   std::condition_variable cv_;
   std::unique_ptr<Membership> membership_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<NumericsGroup> numerics_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> pending_events_ ABSL_GUARDED_BY(mu_);        // steps.jsonl lines, queued
+  std::vector<nlohmann::json> pending_events_ ABSL_GUARDED_BY(mu_);     // for steps.jsonl, queued
   std::map<std::string, TrainSession*> sessions_ ABSL_GUARDED_BY(mu_);  // token -> Train stream
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // The acks of the steps in flight, of the current epoch only.

@@ -44,7 +44,7 @@ NumericEnv ProbeNumericEnv(const std::string& gpu, bool on_gpu) {
   env.cpu = CpuModelName();
   env.gpu = gpu;
   SanitizeNumericEnv(env);
-  env.device = on_gpu ? absl::StrCat("cuda ", env.gpu) : "cpu";
+  env.device = ComputeDevice(env.gpu, on_gpu);
   return env;
 }
 

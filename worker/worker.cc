@@ -46,17 +46,6 @@ void SleepUnlessLeaving(double seconds) {
   }
 }
 
-int LocalCudaDevice();
-
-// This process's numeric environment; the GPU named is the one it would train on.
-NumericEnv WorkerNumerics(const WorkerOptions& o) {
-  const std::string gpu =
-      CudaDeviceUsable().ok()
-          ? CudaDeviceName(o.cuda_device >= 0 ? o.cuda_device : LocalCudaDevice())
-          : "";
-  return ProbeNumericEnv(gpu);
-}
-
 // The process's /metrics: started at the first Join (the job says where), kept across sessions.
 struct MetricsEndpoint {
   std::unique_ptr<WorkerMetrics> metrics;
@@ -111,6 +100,15 @@ int LocalCudaDevice() {
     if (v != nullptr && absl::SimpleAtoi(v, &rank) && rank >= 0) return rank % count;
   }
   return 0;
+}
+
+// This process's numeric environment; the GPU named is the one it would train on.
+NumericEnv WorkerNumerics(const WorkerOptions& o) {
+  const std::string gpu =
+      CudaDeviceUsable().ok()
+          ? CudaDeviceName(o.cuda_device >= 0 ? o.cuda_device : LocalCudaDevice())
+          : "";
+  return ProbeNumericEnv(gpu);
 }
 
 v1::JoinRequest MakeJoinRequest(const WorkerOptions& o, const NumericEnv& numerics) {
