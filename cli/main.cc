@@ -257,6 +257,9 @@ int main(int argc, char** argv) {
   features->add_option("--ids", ids_path, "safetensors with input_ids [b,S] I64")->required();
   features->add_option("--layers", layers_text, "decoder layer ids, e.g. 1,3,5")->required();
   features->add_option("--out", features_out, "output safetensors")->required();
+  bool dense_attention = false;
+  features->add_flag("--dense-attention", dense_attention,
+                     "whole [S, S] score matrices instead of tiles (memory quadratic in S)");
 
   CLI::App* synth = debug->add_subcommand(
       "train-synthetic", "Train a drafter in this process on a synthetic learnable language");
@@ -527,7 +530,8 @@ int main(int argc, char** argv) {
     if (absl::Status s = flashdraft::ParseLayerIds(layers_text, layers); !s.ok()) {
       return flashdraft::Fail(s);
     }
-    absl::Status s = flashdraft::RunTargetFeaturesDebug(target_dir, ids_path, layers, features_out);
+    absl::Status s = flashdraft::RunTargetFeaturesDebug(target_dir, ids_path, layers, features_out,
+                                                        dense_attention);
     if (!s.ok()) return flashdraft::Fail(s);
     std::printf("wrote %s\n", features_out.c_str());
     return 0;

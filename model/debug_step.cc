@@ -54,8 +54,12 @@ absl::Status RunDrafterDebugStep(const DrafterStepFiles& files) {
 }
 
 absl::Status RunTargetFeaturesDebug(const std::string& target_dir, const std::string& ids_path,
-                                    const std::vector<int>& layers, const std::string& out_path) {
+                                    const std::vector<int>& layers, const std::string& out_path,
+                                    bool dense_attention) {
   FD_ASSIGN_OR_RETURN(auto model, TargetModel::Load(target_dir));
+  TargetForwardOptions options;
+  options.dense_attention = dense_attention;
+  model->SetForwardOptions(options);
   FD_ASSIGN_OR_RETURN(auto ids_file, SafetensorsFile::Open(ids_path));
   FD_ASSIGN_OR_RETURN(TensorView ids, ids_file->GetChecked("input_ids", DType::kI64));
   if (ids.shape.size() != 2) {

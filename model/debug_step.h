@@ -22,8 +22,9 @@ absl::Status RunDrafterDebugStep(const DrafterStepFiles& files);
 
 // `flashdraft debug target-features`: runs the target over input_ids [b,S] (I64) and writes
 // hidden_states [b,S,n·H] (F32, the outputs of `layers` in the given order) and logits [b,S,V]
-// (F32).
+// (F32). With `dense_attention`, attention forms whole score matrices (to compare the paths).
 absl::Status RunTargetFeaturesDebug(const std::string& target_dir, const std::string& ids_path,
-                                    const std::vector<int>& layers, const std::string& out_path);
+                                    const std::vector<int>& layers, const std::string& out_path,
+                                    bool dense_attention = false);
 
 }  // namespace flashdraft

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "model/causal_attention.h"
 #include "model/layers.h"
 #include "model/wire_tensor.h"
 
@@ -151,6 +152,7 @@ absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::FromWeights(
   auto model = std::unique_ptr<TargetModel>(new TargetModel());
   model->config_ = c;
   model->trainable_ = trainable;
+  model->options_.dense_attention = trainable;  // autograd through the dense form
   const int64_t h = c.hidden_size, q_dim = c.num_attention_heads * c.head_dim,
                 kv_dim = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
   FD_ASSIGN_OR_RETURN(model->embed_, load("model.embed_tokens.weight", {c.vocab_size, h}));
@@ -215,10 +217,59 @@ int64_t TargetModel::WeightBytes() const {
   return bytes;
 }
 
-absl::StatusOr<TargetOutput> TargetModel::Forward(const torch::Tensor& input_ids_in,
-                                                  const std::vector<int>& layer_ids,
-                                                  bool with_logits, KvCache* cache) const {
-  const torch::Tensor input_ids = input_ids_in.to(embed_.device());  // the model's device
+torch::Tensor TargetModel::Mlp(const Layer& l, const torch::Tensor& h) const {
+  auto mlp = [&](const torch::Tensor& rows) {
+    return torch::matmul(
+        torch::silu(torch::matmul(rows, l.gate.t())) * torch::matmul(rows, l.up.t()), l.down.t());
+  };
+  const int64_t s = h.size(1);
+  const int64_t row_bytes =
+      config_.intermediate_size * static_cast<int64_t>(c10::elementSize(h.scalar_type())) * 3;
+  const int64_t rows =
+      std::max<int64_t>(1, options_.mlp_chunk_bytes / std::max<int64_t>(1, row_bytes));
+  if (trainable_ || s <= rows) return mlp(h);
+  torch::Tensor out = torch::empty_like(h);
+  for (int64_t t0 = 0; t0 < s; t0 += rows) {
+    const int64_t n = std::min(rows, s - t0);
+    out.narrow(1, t0, n).copy_(mlp(h.narrow(1, t0, n)));
+  }
+  return out;
+}
+
+torch::Tensor TargetModel::DecoderLayer(int64_t i, const torch::Tensor& x_in,
+                                        const torch::Tensor& cos, const torch::Tensor& sin,
+                                        KvCache* cache) const {
+  const TargetModelConfig& c = config_;
+  const Layer& l = layers_[i];
+  const int64_t b = x_in.size(0), s = x_in.size(1), hd = c.head_dim;
+  const torch::Tensor xn = ApplyRmsNorm(x_in, l.input_norm, c.rms_norm_eps);
+  torch::Tensor q = torch::matmul(xn, l.q.t()).view({b, s, c.num_attention_heads, hd});
+  torch::Tensor k = torch::matmul(xn, l.k.t()).view({b, s, c.num_key_value_heads, hd});
+  torch::Tensor v =
+      torch::matmul(xn, l.v.t()).view({b, s, c.num_key_value_heads, hd}).transpose(1, 2);
+  if (c.qk_norm) {
+    q = ApplyRmsNorm(q, l.q_norm, c.rms_norm_eps);
+    k = ApplyRmsNorm(k, l.k_norm, c.rms_norm_eps);
+  }
+  q = ApplyRope(q.transpose(1, 2), cos, sin);
+  k = ApplyRope(k.transpose(1, 2), cos, sin);
+  if (cache != nullptr) {
+    if (cache->keys[i].defined()) {
+      k = torch::cat({cache->keys[i], k}, 2);
+      v = torch::cat({cache->values[i], v}, 2);
+    }
+    cache->keys[i] = k;
+    cache->values[i] = v;
+  }
+  const torch::Tensor attn = options_.dense_attention
+                                 ? CausalAttentionDense(q, k, v)
+                                 : CausalAttention(q, k, v, options_.attention);
+  torch::Tensor x = x_in + torch::matmul(attn.transpose(1, 2).reshape({b, s, -1}), l.o.t());
+  return x + Mlp(l, ApplyRmsNorm(x, l.post_norm, c.rms_norm_eps));
+}
+
+absl::Status TargetModel::CheckInput(const torch::Tensor& input_ids,
+                                     const std::vector<int>& layer_ids) const {
   const TargetModelConfig& c = config_;
   for (int id : layer_ids) {
     if (id < 0 || id >= c.num_hidden_layers) {
@@ -231,8 +282,17 @@ absl::StatusOr<TargetOutput> TargetModel::Forward(const torch::Tensor& input_ids
       (input_ids.min().item<int64_t>() < 0 || input_ids.max().item<int64_t>() >= c.vocab_size)) {
     return absl::InvalidArgumentError(absl::StrCat("input_ids must be in [0, ", c.vocab_size, ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TargetOutput> TargetModel::Forward(const torch::Tensor& input_ids_in,
+                                                  const std::vector<int>& layer_ids,
+                                                  bool with_logits, KvCache* cache) const {
+  const torch::Tensor input_ids = input_ids_in.to(embed_.device());  // the model's device
+  FD_RETURN_IF_ERROR(CheckInput(input_ids, layer_ids));
+  const TargetModelConfig& c = config_;
   torch::AutoGradMode grad_mode(trainable_);  // inference builds no graph
-  const int64_t b = input_ids.size(0), s = input_ids.size(1), hd = c.head_dim;
+  const int64_t b = input_ids.size(0), s = input_ids.size(1);
   const int64_t past = cache != nullptr ? cache->length() : 0;
   if (cache != nullptr && cache->keys.empty()) {
     cache->keys.resize(c.num_hidden_layers);
@@ -244,45 +304,11 @@ absl::StatusOr<TargetOutput> TargetModel::Forward(const torch::Tensor& input_ids
   auto [cos, sin] = RopeTablesFromInvFreq(torch::arange(past, past + s, positions), inv_freq_);
   cos = cos.to(dtype);
   sin = sin.to(dtype);
-  // Causal over the cache and the new tokens: new token t sees keys 0 .. past + t.
-  const torch::Tensor q_pos = torch::arange(past, past + s, positions).view({-1, 1});
-  const torch::Tensor k_pos = torch::arange(0, past + s, positions).view({1, -1});
-  const torch::Tensor allowed = k_pos.le(q_pos);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  // Only the requested layers' outputs are kept (a real target has dozens of [S, H] layers).
   std::vector<torch::Tensor> outputs(c.num_hidden_layers);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const Layer& l = layers_[i];
-    const torch::Tensor xn = ApplyRmsNorm(x, l.input_norm, c.rms_norm_eps);
-    torch::Tensor q = torch::matmul(xn, l.q.t()).view({b, s, c.num_attention_heads, hd});
-    torch::Tensor k = torch::matmul(xn, l.k.t()).view({b, s, c.num_key_value_heads, hd});
-    torch::Tensor v =
-        torch::matmul(xn, l.v.t()).view({b, s, c.num_key_value_heads, hd}).transpose(1, 2);
-    if (c.qk_norm) {
-      q = ApplyRmsNorm(q, l.q_norm, c.rms_norm_eps);
-      k = ApplyRmsNorm(k, l.k_norm, c.rms_norm_eps);
-    }
-    q = ApplyRope(q.transpose(1, 2), cos, sin);
-    k = ApplyRope(k.transpose(1, 2), cos, sin);
-    if (cache != nullptr) {
-      if (cache->keys[i].defined()) {
-        k = torch::cat({cache->keys[i], k}, 2);
-        v = torch::cat({cache->values[i], v}, 2);
-      }
-      cache->keys[i] = k;
-      cache->values[i] = v;
-    }
-    const int64_t groups = c.num_attention_heads / c.num_key_value_heads;
-    const torch::Tensor kr = groups > 1 ? k.repeat_interleave(groups, 1) : k;
-    const torch::Tensor vr = groups > 1 ? v.repeat_interleave(groups, 1) : v;
-    torch::Tensor scores = torch::matmul(q, kr.transpose(-1, -2)) * scale;
-    scores = scores.masked_fill(allowed.logical_not(), -INFINITY);
-    const torch::Tensor attn =
-        torch::matmul(torch::softmax(scores.to(torch::kFloat32), -1).to(dtype), vr);
-    x = x + torch::matmul(attn.transpose(1, 2).reshape({b, s, -1}), l.o.t());
-    const torch::Tensor h = ApplyRmsNorm(x, l.post_norm, c.rms_norm_eps);
-    x = x + torch::matmul(torch::silu(torch::matmul(h, l.gate.t())) * torch::matmul(h, l.up.t()),
-                          l.down.t());
-    outputs[i] = x;
+    x = DecoderLayer(i, x, cos, sin, cache);
+    if (std::find(layer_ids.begin(), layer_ids.end(), i) != layer_ids.end()) outputs[i] = x;
   }
   // Layer id i means Hugging Face's output_hidden_states[i + 1], which serving feeds the drafter:
   // the output of decoder layer i, except for the last layer, whose entry is after the model's

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/safetensors.h"
+#include "model/causal_attention.h"
 #include "model/drafter_config.h"
 
 namespace flashdraft {
@@ -57,6 +58,17 @@ struct KvCache {
   int64_t length() const { return keys.empty() || !keys[0].defined() ? 0 : keys[0].size(2); }
 };
 
+// How Forward bounds its memory; the defaults keep a layer's temporaries near 32 MiB at any S.
+struct TargetForwardOptions {
+  // Attention with the whole [S, S] score matrix instead of tiles (memory quadratic in S): for
+  // comparisons (`flashdraft debug target-features --dense-attention`) and training.
+  bool dense_attention = false;
+  CausalAttentionOptions attention;
+  // The feed-forward runs over chunks of positions whose [rows, intermediate] activations (three
+  // of them) stay within this.
+  int64_t mlp_chunk_bytes = int64_t{32} << 20;
+};
+
 struct TargetOutput {
   // [b, S, n·H]: the requested layers' hidden states concatenated in the given order; id i is
   // Hugging Face's output_hidden_states[i + 1] (the last layer's is after the final norm).
@@ -89,6 +101,7 @@ class TargetModel {
   // Moves the weights to `device` (target.device: cuda); Forward then runs there, whatever device
   // its input_ids are on, and returns tensors on it.
   void MoveTo(const torch::Device& device);
+  void SetForwardOptions(const TargetForwardOptions& options) { options_ = options; }
   // The bytes of the weights (a tied lm_head counted once).
   int64_t WeightBytes() const;
   torch::Device device() const { return embed_.device(); }
@@ -101,10 +114,17 @@ class TargetModel {
   struct Layer {
     torch::Tensor input_norm, post_norm, q, k, v, o, q_norm, k_norm, gate, up, down;
   };
+  absl::Status CheckInput(const torch::Tensor& input_ids, const std::vector<int>& layer_ids) const;
+  // Decoder layer i on x [b, s, H] at the positions of cos/sin, extending `cache` when given.
+  torch::Tensor DecoderLayer(int64_t i, const torch::Tensor& x, const torch::Tensor& cos,
+                             const torch::Tensor& sin, KvCache* cache) const;
+  // The feed-forward, over chunks of positions in inference.
+  torch::Tensor Mlp(const Layer& l, const torch::Tensor& h) const;
   TargetModelConfig config_;
   torch::Tensor embed_, lm_head_, final_norm_, inv_freq_;
   std::vector<Layer> layers_;
   bool trainable_ = false;
+  TargetForwardOptions options_;
 };
 
 }  // namespace flashdraft

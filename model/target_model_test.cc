@@ -118,6 +118,81 @@ TEST(TargetModelTest, GreedyGenerateEqualsArgmaxOfFullForwards) {
   EXPECT_EQ(stopped->back(), seq[prompt.size() + 2]);
 }
 
+// A random-weight Qwen3-shaped model (grouped heads, qk-norm) built in memory.
+std::unique_ptr<TargetModel> RandomTarget(int64_t layers) {
+  TargetModelConfig c;
+  c.model_type = "qwen3";
+  c.qk_norm = true;
+  c.hidden_size = 64;
+  c.intermediate_size = 96;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.vocab_size = 50;
+  c.rope_theta = 10000;
+  torch::manual_seed(1);
+  auto model = TargetModel::FromWeights(
+      c,
+      [](const std::string&, const std::vector<int64_t>& shape) -> absl::StatusOr<torch::Tensor> {
+        if (shape.size() == 1) return torch::ones(shape) + 0.1 * torch::randn(shape);
+        return torch::randn(shape) / std::sqrt(static_cast<double>(shape.back()));
+      },
+      [](const std::string&) { return false; });
+  EXPECT_TRUE(model.ok()) << model.status();
+  return std::move(*model);
+}
+
+TEST(TargetModelTest, TiledForwardEqualsDenseWithAndWithoutCache) {
+  auto model = RandomTarget(3);
+  torch::manual_seed(2);
+  const torch::Tensor ids = torch::randint(0, 50, {2, 300}, torch::kInt64);
+  TargetForwardOptions dense;
+  dense.dense_attention = true;
+  model->SetForwardOptions(dense);
+  auto want = model->Forward(ids, {0, 2}, true);
+  ASSERT_TRUE(want.ok());
+  // Small tiles: several query tiles, 64-key tiles, feed-forward chunks of 7 positions.
+  TargetForwardOptions tiled;
+  tiled.attention.query_tile = 48;
+  tiled.attention.tile_score_bytes = 1;
+  tiled.mlp_chunk_bytes = 7 * 96 * 4 * 3;
+  model->SetForwardOptions(tiled);
+  auto got = model->Forward(ids, {0, 2}, true);
+  ASSERT_TRUE(got.ok());
+  EXPECT_LE(RelativeError(got->features, want->features), 1e-5);
+  EXPECT_LE(RelativeError(got->logits, want->logits), 1e-5);
+  // Prefill then a block of 16 and single tokens on the cache, as verification and decoding do.
+  KvCache cache;
+  std::vector<torch::Tensor> feats;
+  for (auto [t0, n] : {std::pair<int64_t, int64_t>{0, 250}, {250, 16}, {266, 1}, {267, 33}}) {
+    auto part = model->Forward(ids.narrow(1, t0, n), {0, 2}, false, &cache);
+    ASSERT_TRUE(part.ok());
+    feats.push_back(part->features);
+  }
+  EXPECT_LE(RelativeError(torch::cat(feats, 1), want->features), 1e-5);
+}
+
+TEST(TargetModelTest, LongSequencesTakeMemoryLinearInLength) {
+  FD_SKIP_WITHOUT_REFERENCE_PYTHON();
+  TempDir dir;
+  MakeTarget(dir.path(), "--arch qwen3");
+  // 8,192 tokens: the dense form's scores alone are 4 heads x 8192^2 x 4 bytes = 1 GiB per layer.
+  const int64_t s = 8192;
+  const torch::Tensor ids = torch::arange(s, torch::kInt64).remainder(97).view({1, s});
+  SafetensorsWriter writer;
+  ASSERT_TRUE(writer.Add("input_ids", DType::kI64, {1, s}, ids.data_ptr(), ids.nbytes()).ok());
+  ASSERT_TRUE(writer.Write(dir.Join("long.safetensors")).ok());
+  auto r = RunCommand(absl::StrCat(kCli, " debug target-features --target ", dir.Join("model"),
+                                   " --ids ", dir.Join("long.safetensors"), " --layers 1,3 --out ",
+                                   dir.Join("out.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(r.peak_rss_bytes, int64_t{600} << 20)
+      << "peak RSS " << (r.peak_rss_bytes >> 20) << " MiB at " << s << " tokens";
+  EXPECT_EQ(Read(dir.Join("out.safetensors"), "hidden_states").sizes(),
+            (std::vector<int64_t>{1, s, 2 * 32}));
+}
+
 TEST(TargetModelTest, BadFoldersGetClearErrors) {
   FD_SKIP_WITHOUT_REFERENCE_PYTHON();
   TempDir dir;

@@ -1,11 +1,13 @@
 #include "tests/support/test_util.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -77,7 +79,35 @@ CommandResult Popen(const std::string& command) {
 
 }  // namespace
 
-CommandResult RunCommand(const std::string& command) { return Popen(command + " 2>&1"); }
+CommandResult RunCommand(const std::string& command) {
+  CommandResult result;
+  int fds[2];
+  if (pipe(fds) != 0) return result;
+  const pid_t pid = fork();
+  if (pid < 0) return result;
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  std::array<char, 4096> buf;
+  ssize_t n;
+  while ((n = read(fds[0], buf.data(), buf.size())) > 0 || (n < 0 && errno == EINTR)) {
+    if (n > 0) result.output.append(buf.data(), n);
+  }
+  close(fds[0]);
+  int status = 0;
+  struct rusage usage = {};
+  while (wait4(pid, &status, 0, &usage) < 0 && errno == EINTR) {
+  }
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.peak_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  return result;
+}
 
 std::string ReferencePythonUnavailableReason() {
   static const std::string reason = [] {

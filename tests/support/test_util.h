@@ -39,7 +39,10 @@ absl::StatusOr<std::string> RunReferencePython(const std::string& script,
 struct CommandResult {
   int exit_code = -1;
   std::string output;
+  // The largest resident set of the command or any process it waited for (wait4's ru_maxrss).
+  int64_t peak_rss_bytes = 0;
 };
+// Runs `command` through /bin/sh, stdout and stderr together.
 CommandResult RunCommand(const std::string& command);
 
 std::string ShellQuote(const std::string& s);
