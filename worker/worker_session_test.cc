@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -18,7 +19,9 @@
 #include <vector>
 
 #include "common/chunk_wire.h"
+#include "common/grpc_options.h"
 #include "common/tensor_codec.h"
+#include "coordinator/microbatch_packer.h"
 #include "model/synthetic_data.h"
 #include "model/wire_tensor.h"
 #include "tests/support/test_util.h"
@@ -524,6 +527,69 @@ TEST(SessionInboxTest, AssemblesAMicrobatchAndStopsAtTheShutdown) {
   EXPECT_TRUE(shutdown.job_finished);
   EXPECT_FALSE(inbox.stream_lost());
   EXPECT_EQ(inbox.newest_epoch(), SessionInbox::kSessionOver);
+}
+
+// One microbatch of samples of `lengths` tokens and `feature_size` features of `dtype`, packed by
+// the coordinator's MicrobatchPacker in chunks of `chunk_bytes` and read by the worker's inbox:
+// every tensor arrives whole, right-padded (anchors with -1).
+void PackAndReceive(const std::vector<int64_t>& lengths, int64_t feature_size,
+                    torch::ScalarType dtype, size_t chunk_bytes) {
+  const int64_t b = static_cast<int64_t>(lengths.size());
+  const int64_t s = *std::max_element(lengths.begin(), lengths.end());
+  MicrobatchPacker packer(b, s, feature_size, FromTorchDType(dtype).value(), chunk_bytes);
+  torch::Tensor ids = torch::zeros({b, s}, torch::kInt64), mask = torch::zeros({b, s}, torch::kU8);
+  torch::Tensor anchors = torch::full({b, b}, -1, torch::kInt64);
+  std::vector<torch::Tensor> features;
+  for (int64_t i = 0; i < b; ++i) {
+    Sample sample;
+    sample.index = static_cast<uint64_t>(i);
+    for (int64_t t = 0; t < lengths[i]; ++t) {
+      sample.input_ids.push_back(1000 * i + t + 1);
+      sample.loss_mask.push_back(t % 3 != 0);
+    }
+    const int64_t len = lengths[i];
+    ids[i].narrow(0, 0, len).copy_(torch::tensor(sample.input_ids, torch::kInt64));
+    mask[i].narrow(0, 0, len).copy_(torch::tensor(sample.loss_mask, torch::kInt64));
+    features.push_back(torch::randn({len, feature_size}).to(dtype));
+    sample.features = static_cast<const uint8_t*>(features.back().data_ptr());
+    anchors[i].narrow(0, 0, i + 1).fill_(i);
+    ASSERT_TRUE(packer.Add(sample, std::vector<int64_t>(i + 1, i)).ok());
+  }
+  std::vector<grpc::ByteBuffer> buffers;
+  ASSERT_TRUE(packer.Encode(&buffers).ok());
+  FakeLink link;
+  v1::CoordinatorMessage header;
+  header.mutable_microbatch()->set_step(3);
+  header.mutable_microbatch()->set_num_tensors(MicrobatchPacker::kNumTensors);
+  link.Send(header);
+  for (grpc::ByteBuffer& buffer : buffers) link.SendBuffer(std::move(buffer));
+  link.Send(ShutdownMessage(true));
+  SessionInbox inbox;
+  inbox.ReadAll(link);
+  InboxItem batch = inbox.Pop();
+  ASSERT_EQ(batch.kind, InboxItem::kBatch) << batch.text;
+  EXPECT_TRUE(torch::equal(batch.tensors.at("input_ids"), ids));
+  EXPECT_TRUE(torch::equal(batch.tensors.at("loss_mask"), mask));
+  EXPECT_TRUE(torch::equal(batch.tensors.at("anchors"), anchors));
+  const torch::Tensor hidden = batch.tensors.at("hidden_states");
+  ASSERT_EQ(hidden.sizes().vec(), (std::vector<int64_t>{b, s, feature_size}));
+  for (int64_t i = 0; i < b; ++i) {
+    EXPECT_TRUE(torch::equal(hidden[i].narrow(0, 0, lengths[i]), features[i])) << "sample " << i;
+    EXPECT_EQ(torch::count_nonzero(hidden[i].narrow(0, lengths[i], s - lengths[i])).item<int64_t>(),
+              0)
+        << "sample " << i << "'s padding";
+  }
+}
+
+// The data stream with tensors of several chunks (64 KiB here): hidden_states of exactly 4 chunks,
+// of 2 and a part (BF16), and of more than gRPC's message limit (a real sample's are 168 MB), whose
+// input_ids take 2 chunks too.
+TEST(SessionInboxTest, MicrobatchTensorsOfSeveralChunksArriveWhole) {
+  constexpr size_t kChunk = 64 << 10;
+  ASSERT_NO_FATAL_FAILURE(PackAndReceive({32, 20}, 1024, torch::kFloat32, kChunk));      // 4 chunks
+  ASSERT_NO_FATAL_FAILURE(PackAndReceive({25, 7, 19}, 1000, torch::kBFloat16, kChunk));  // 150000 B
+  ASSERT_GT(2 * 4100 * 2048 * sizeof(float), static_cast<size_t>(kMaxMessageBytes));
+  ASSERT_NO_FATAL_FAILURE(PackAndReceive({4100, 4000}, 2048, torch::kFloat32, kChunk));
 }
 
 // --- The heartbeat thread's logic on a FakeClock ---
