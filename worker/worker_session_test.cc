@@ -21,6 +21,7 @@
 #include "common/chunk_wire.h"
 #include "common/grpc_options.h"
 #include "common/tensor_codec.h"
+#include "coordinator/checkpoint_upload.h"
 #include "coordinator/microbatch_packer.h"
 #include "model/synthetic_data.h"
 #include "model/wire_tensor.h"
@@ -444,39 +445,50 @@ TEST_F(WorkerSessionTest, StartingWeightsOfAnotherShapeAreRefused) {
 // A checkpoint upload of tensors larger than one chunk (one of a size no multiple of the chunk
 // size) arrives whole: every chunk carries the tensor's header (a real drafter's matrices are
 // many chunks each; the second chunk once came without one and the checkpoint was refused).
+// A snapshot's tensors, in chunks of the real size, reach the coordinator's receiving end
+// (UploadReceiver) whole: tensors of 2 chunks and a part, of 1, of exactly 3, and of more than
+// gRPC's message limit; every message, with the worker's id and token, fits what the coordinator
+// accepts.
 TEST(SendCheckpointTest, TensorsOfSeveralChunksArriveWhole) {
   const int64_t floats_per_chunk = kDefaultMaxChunkBytes / 4;
   NamedTensors tensors = {{"drafter.fc.weight", torch::randn({2 * floats_per_chunk + 123})},
                           {"drafter.norm.weight", torch::randn({7})},
-                          {"adamw.fc.weight.exp_avg", torch::randn({3, floats_per_chunk})}};
-  std::vector<std::vector<uint8_t>> received(tensors.size());
-  size_t current = 0;
+                          {"adamw.fc.weight.exp_avg", torch::randn({3, floats_per_chunk})},
+                          {"adamw.fc.weight.exp_avg_sq", torch::randn({4100, 4096})}};
+  ASSERT_GT(tensors[3].second.nbytes(), static_cast<size_t>(kMaxMessageBytes));
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, t] : tensors) {
+    specs.push_back({name, FromTorchDType(t.scalar_type()).value(), t.sizes().vec()});
+  }
+  UploadReceiver receiver(specs);
+  const std::string token(32, 't');
+  receiver.Expect(token, 5);
   int chunks = 0;
-  std::optional<TensorAssembler> assembler;
   auto write = [&](v1::WorkerMessage& m) {
-    if (!m.has_tensor_chunk()) return true;  // the announcement
-    ++chunks;
-    if (!assembler.has_value()) {
-      assembler.emplace([&](const TensorSpec&, uint64_t nbytes) -> absl::StatusOr<void*> {
-        received[current].resize(nbytes);
-        return received[current].data();
-      });
-    }
-    const absl::Status added = assembler->Add(m.tensor_chunk());
-    EXPECT_TRUE(added.ok()) << added;
-    if (assembler->complete()) {
-      assembler.reset();
-      ++current;
-    }
+    m.set_worker_id(std::string(128, 'w'));  // as WorkerSession::Write sends it; ids are bounded
+    m.set_session_token(token);
+    // What the coordinator's Train stream reads, within the limit it sets.
+    const std::string wire = m.SerializeAsString();
+    EXPECT_LE(wire.size(), static_cast<size_t>(kMaxServerReceiveBytes));
+    v1::WorkerMessage in;
+    EXPECT_TRUE(in.ParseFromString(wire));
+    chunks += in.has_tensor_chunk();
+    const absl::Status s = in.has_checkpoint() ? receiver.Begin(token, in.checkpoint())
+                                               : receiver.Add(token, in.tensor_chunk());
+    EXPECT_TRUE(s.ok()) << s;
     return true;
   };
   ASSERT_TRUE(SendCheckpoint(tensors, 5, write, [] {}).ok());
-  EXPECT_EQ(chunks, 3 + 1 + 3);
-  ASSERT_EQ(current, tensors.size());
+  EXPECT_EQ(chunks, 3 + 1 + 3 + 17);
+  ASSERT_TRUE(receiver.Complete(5));
+  const std::vector<OwnedTensor> received = receiver.Take();
+  ASSERT_EQ(received.size(), tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     const torch::Tensor& t = tensors[i].second;
-    ASSERT_EQ(received[i].size(), t.nbytes()) << tensors[i].first;
-    EXPECT_EQ(std::memcmp(received[i].data(), t.data_ptr(), t.nbytes()), 0) << tensors[i].first;
+    EXPECT_EQ(received[i].spec, specs[i]);
+    ASSERT_EQ(received[i].bytes.size(), t.nbytes()) << tensors[i].first;
+    EXPECT_EQ(std::memcmp(received[i].bytes.data(), t.data_ptr(), t.nbytes()), 0)
+        << tensors[i].first;
   }
 }
 
