@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
+#include "common/grpc_options.h"
 #include "common/safetensors.h"
 #include "model/drafter_export.h"
 #include "tests/support/test_util.h"
@@ -112,6 +113,57 @@ TEST(CheckpointStoreTest, CarriesTheDrafterConfigAndExportsFromItAlone) {
   // Not a checkpoint: the error says what is missing.
   EXPECT_THAT(std::string(ExportCheckpoint(dir.path(), dir.Join("x")).message()),
               HasSubstr("config.json not found"));
+}
+
+// The F32 tensor under `name` in `file` holds `bytes`, or its BF16 conversion (the export).
+void ExpectTensor(const SafetensorsModel& file, const std::string& name, DType dtype,
+                  const std::vector<int64_t>& shape, const std::vector<uint8_t>& f32) {
+  auto view = file.GetChecked(name, dtype, shape);
+  ASSERT_TRUE(view.ok()) << view.status();
+  if (dtype == DType::kF32) {
+    ASSERT_EQ(view->nbytes, f32.size()) << name;
+    EXPECT_EQ(std::memcmp(view->data, f32.data(), f32.size()), 0) << name;
+    return;
+  }
+  ASSERT_EQ(view->nbytes, f32.size() / 2) << name;
+  size_t differ = 0;
+  for (size_t i = 0; i < f32.size() / 4; ++i) {
+    float value;
+    uint16_t got;
+    std::memcpy(&value, f32.data() + 4 * i, 4);
+    std::memcpy(&got, view->data + 2 * i, 2);
+    differ += got != Bf16FromF32(value);
+  }
+  EXPECT_EQ(differ, 0u) << name;
+}
+
+// A tensor larger than gRPC's message limit (one that travels in many chunks) is written whole into
+// the checkpoint and into the export, and reads back equal, beside a small one.
+TEST(CheckpointStoreTest, TensorsOverTheMessageLimitAreWrittenAndExportedWhole) {
+  TempDir dir;
+  CheckpointStore store(dir.Join("ckpt"), 1, "",
+                        DrafterConfigToJson(::flashdraft::testing::TinyDrafterConfig(8)));
+  const std::vector<int64_t> big = {4100, 4096}, small = {7};
+  const size_t big_bytes = 4100 * 4096 * sizeof(float);
+  ASSERT_GT(big_bytes, static_cast<size_t>(kMaxMessageBytes));
+  const std::vector<OwnedTensor> upload = {
+      {{"drafter.fc.weight", DType::kF32, big}, RandomBytes(big_bytes, 1)},
+      {{"drafter.norm.weight", DType::kF32, small}, RandomBytes(7 * sizeof(float), 2)},
+      {{"adamw.step", DType::kI64, {1}}, RandomBytes(8, 3)}};
+  auto info = store.Write(3, upload);
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_TRUE(OpenCheckpoint(info->dir).ok());  // every file's CRC-32C checked
+  {
+    auto model = SafetensorsModel::Open(info->model_path);
+    ASSERT_TRUE(model.ok()) << model.status();
+    ExpectTensor(**model, "fc.weight", DType::kF32, big, upload[0].bytes);
+    ExpectTensor(**model, "norm.weight", DType::kF32, small, upload[1].bytes);
+  }
+  ASSERT_TRUE(ExportCheckpoint(info->dir, dir.Join("export")).ok());
+  auto exported = SafetensorsModel::Open(dir.Join("export/model.safetensors"));
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  ExpectTensor(**exported, "fc.weight", DType::kBF16, big, upload[0].bytes);
+  ExpectTensor(**exported, "norm.weight", DType::kBF16, small, upload[1].bytes);
 }
 
 // checkpoint.json records what computed the checkpoint; one without the record (an older

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/grpc_options.h"
 #include "tests/support/test_util.h"
 
 namespace flashdraft {
@@ -118,6 +119,41 @@ TEST(UploadReceiverTest, AllocatesOnlyTheExpectedTensorsOnce) {
   EXPECT_THAT(
       std::string(receiver.Add("tok", Chunks("drafter.a", RandomBytes(200, 6))[0]).message()),
       HasSubstr("tensor 'drafter.a' came twice"));
+}
+
+// Tensors of exactly 3 chunks (64 KiB here), of 2 and a part, and of more than gRPC's message
+// limit arrive whole, streamed chunk by chunk as the worker sends them.
+TEST(UploadReceiverTest, TensorsOfSeveralChunksArriveWhole) {
+  constexpr int64_t kChunk = 64 << 10;
+  constexpr int64_t kBig = kMaxMessageBytes + 12345;
+  const std::vector<OwnedTensor> upload = {
+      {{"drafter.a", DType::kU8, {3 * kChunk}}, RandomBytes(3 * kChunk, 1)},
+      {{"drafter.b", DType::kF32, {(2 * kChunk + 400) / 4}}, RandomBytes(2 * kChunk + 400, 2)},
+      {{"adamw.big", DType::kU8, {kBig}}, RandomBytes(kBig, 3)},
+      {{"adamw.step", DType::kI64, {1}}, RandomBytes(8, 4)}};
+  std::vector<TensorSpec> specs;
+  for (const OwnedTensor& t : upload) specs.push_back(t.spec);
+  UploadReceiver receiver(specs);
+  receiver.Expect("tok", 9);
+  ASSERT_TRUE(receiver.Begin("tok", Announce(9, static_cast<uint32_t>(upload.size()))).ok());
+  v1::TensorChunk scratch;
+  for (const OwnedTensor& t : upload) {
+    uint64_t chunks = 0;
+    const absl::Status sent = EncodeTensor(t.spec, t.bytes.data(), t.bytes.size(), kChunk, scratch,
+                                           [&](v1::TensorChunk& c) {
+                                             ++chunks;
+                                             return receiver.Add("tok", c);
+                                           });
+    ASSERT_TRUE(sent.ok()) << sent;
+    EXPECT_EQ(chunks, NumChunks(t.bytes.size(), kChunk)) << t.spec.name;
+  }
+  ASSERT_TRUE(receiver.Complete(9));
+  const std::vector<OwnedTensor> got = receiver.Take();
+  ASSERT_EQ(got.size(), upload.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].spec, upload[i].spec);
+    EXPECT_TRUE(got[i].bytes == upload[i].bytes) << upload[i].spec.name;  // not 64 MiB printed
+  }
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "common/shard_tree.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
+#include "coordinator/microbatch_packer.h"
 #include "coordinator/scrape_targets.h"
 #include "coordinator/service.h"
 #include "glog/logging.h"
@@ -878,56 +879,24 @@ absl::Status Coordinator::EncodeShard(const StepPlan& plan, int64_t shard, int r
   m->set_world_size(world_size_);
   m->set_global_weight_sum(plan.global_weight_sum);
   m->set_learning_rate(lr);
-  m->set_num_tensors(4);
+  m->set_num_tensors(MicrobatchPacker::kNumTensors);
   m->set_shard(static_cast<uint32_t>(shard));
   m->set_num_shards(static_cast<uint32_t>(plan.shards.size()));
   for (int64_t offset : plan.shard_offsets) m->add_shard_offsets(static_cast<uint32_t>(offset));
   messages->push_back(MessageToBuffer(header));
 
-  // Right-padded [b, S] batch of the shard's samples, their features and anchors. The buffers are
-  // shared with gRPC, which sends slices of them and releases them once written.
-  const int64_t b = static_cast<int64_t>(mb.samples.size());
+  // Right-padded [b, S] batch of the shard's samples, their features and anchors.
   int64_t s = 1;
   for (int64_t len : mb.lengths) s = std::max(s, len);
-  const int64_t f = source_->feature_size();
-  const size_t fbytes = ElementSize(source_->feature_dtype());
-  auto ids = std::make_shared<std::vector<int64_t>>(b * s, 0);
-  auto mask = std::make_shared<std::vector<uint8_t>>(b * s, 0);
-  // The features are packed by a ChunkCrcWriter: one pass copies, pads and checksums them.
-  const size_t feats_bytes = static_cast<size_t>(b * s * f) * fbytes;
-  std::shared_ptr<uint8_t[]> feats(new uint8_t[std::max<size_t>(feats_bytes, 1)]);
-  ChunkCrcWriter feats_writer(feats.get(), feats_bytes, kDefaultMaxChunkBytes);
-  std::vector<std::vector<int64_t>> anchors(b);
-  int64_t n = 1;
-  for (int64_t i = 0; i < b; ++i) {
-    FD_ASSIGN_OR_RETURN(Sample sample, source_->Get(mb.samples[i]));
+  MicrobatchPacker packer(static_cast<int64_t>(mb.samples.size()), s, source_->feature_size(),
+                          source_->feature_dtype());
+  for (uint64_t index : mb.samples) {
+    FD_ASSIGN_OR_RETURN(Sample sample, source_->Get(index));
     scheduler_->Truncate(sample);
-    const int64_t len = sample.length();
-    std::copy(sample.input_ids.begin(), sample.input_ids.end(), ids->begin() + i * s);
-    for (int64_t t = 0; t < len; ++t) (*mask)[i * s + t] = sample.loss_mask[t] != 0;
-    FD_RETURN_IF_ERROR(feats_writer.Copy(sample.features, len * f * fbytes));
-    FD_RETURN_IF_ERROR(feats_writer.Zero((s - len) * f * fbytes));
-    anchors[i] = scheduler_->Anchors(sample, step);
-    n = std::max<int64_t>(n, static_cast<int64_t>(anchors[i].size()));
+    std::vector<int64_t> anchors = scheduler_->Anchors(sample, step);
+    FD_RETURN_IF_ERROR(packer.Add(sample, std::move(anchors)));
   }
-  auto anchor_matrix = std::make_shared<std::vector<int64_t>>(b * n, -1);
-  for (int64_t i = 0; i < b; ++i) {
-    std::copy(anchors[i].begin(), anchors[i].end(), anchor_matrix->begin() + i * n);
-  }
-  const int field = kCoordinatorMessageChunkField;
-  FD_RETURN_IF_ERROR(EncodeTensorBuffers({"input_ids", DType::kI64, {b, s}}, ids->data(),
-                                         ids->size() * 8, kDefaultMaxChunkBytes, ids, field,
-                                         messages));
-  FD_RETURN_IF_ERROR(EncodeTensorBuffers({"loss_mask", DType::kU8, {b, s}}, mask->data(),
-                                         mask->size(), kDefaultMaxChunkBytes, mask, field,
-                                         messages));
-  FD_ASSIGN_OR_RETURN(const std::vector<uint32_t> feats_crcs, feats_writer.Finish());
-  FD_RETURN_IF_ERROR(EncodeTensorBuffers({"hidden_states", source_->feature_dtype(), {b, s, f}},
-                                         feats.get(), feats_bytes, kDefaultMaxChunkBytes, feats,
-                                         field, messages, feats_crcs));
-  return EncodeTensorBuffers({"anchors", DType::kI64, {b, n}}, anchor_matrix->data(),
-                             anchor_matrix->size() * 8, kDefaultMaxChunkBytes, anchor_matrix, field,
-                             messages);
+  return packer.Encode(messages);
 }
 
 absl::Status Coordinator::WaitForAcks(uint64_t step) {

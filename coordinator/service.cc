@@ -14,7 +14,10 @@ namespace {
 // slice of the mapped file (no copy).
 class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  explicit FetchReactor(std::vector<FetchEntry> entries) : entries_(std::move(entries)) { Next(); }
+  FetchReactor(std::vector<FetchEntry> entries, size_t max_chunk_bytes)
+      : entries_(std::move(entries)), max_chunk_bytes_(max_chunk_bytes) {
+    Next();
+  }
   void OnWriteDone(bool ok) override {
     if (!ok) {
       Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
@@ -29,13 +32,12 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     while (true) {
       // An empty tensor still sends its one (empty) chunk: num_chunks is at least 1.
       if (tensor_ >= 0 && next_index_ < header_.num_chunks()) {
-        const uint64_t offset = uint64_t{next_index_} * kDefaultMaxChunkBytes;
+        const uint64_t offset = uint64_t{next_index_} * max_chunk_bytes_;
         header_.set_offset(offset);
         header_.set_chunk_index(next_index_++);
-        buffer_ =
-            EncodeChunkBuffer(header_, view_.data + offset,
-                              std::min<uint64_t>(kDefaultMaxChunkBytes, view_.nbytes - offset),
-                              entries_[tensor_].file, /*wrapper_field=*/0);
+        buffer_ = EncodeChunkBuffer(header_, view_.data + offset,
+                                    std::min<uint64_t>(max_chunk_bytes_, view_.nbytes - offset),
+                                    entries_[tensor_].file, /*wrapper_field=*/0);
         StartWrite(&buffer_);
         return;
       }
@@ -52,9 +54,8 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       }
       view_ = *view;
       header_.Clear();
-      absl::StatusOr<uint32_t> chunks =
-          StartChunkHeader({entry.wire_name, view_.dtype, view_.shape}, view_.nbytes,
-                           kDefaultMaxChunkBytes, header_);
+      absl::StatusOr<uint32_t> chunks = StartChunkHeader(
+          {entry.wire_name, view_.dtype, view_.shape}, view_.nbytes, max_chunk_bytes_, header_);
       if (!chunks.ok()) {
         Finish(ToGrpcStatus(chunks.status()));
         return;
@@ -64,6 +65,7 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   std::vector<FetchEntry> entries_;
+  size_t max_chunk_bytes_;
   int tensor_ = -1;
   TensorView view_;
   v1::TensorChunk header_;
@@ -122,7 +124,7 @@ class CoordinatorServiceImpl
     absl::StatusOr<std::vector<FetchEntry>> entries =
         c_->ResolveFetch({request.names().begin(), request.names().end()});
     if (!entries.ok()) return new Refuse(ToGrpcStatus(entries.status()));
-    return new FetchReactor(*std::move(entries));
+    return NewFetchReactor(*std::move(entries));
   }
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest*,
@@ -264,6 +266,11 @@ void TrainSession::Dispatch() {
 void TrainSession::OnDone() {
   coordinator_->SessionEnded(this, "the stream ended");
   delete this;
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewFetchReactor(std::vector<FetchEntry> entries,
+                                                            size_t max_chunk_bytes) {
+  return new FetchReactor(std::move(entries), max_chunk_bytes);
 }
 
 std::unique_ptr<grpc::Service> NewCoordinatorService(Coordinator* coordinator) {

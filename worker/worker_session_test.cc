@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -18,7 +19,10 @@
 #include <vector>
 
 #include "common/chunk_wire.h"
+#include "common/grpc_options.h"
 #include "common/tensor_codec.h"
+#include "coordinator/checkpoint_upload.h"
+#include "coordinator/microbatch_packer.h"
 #include "model/synthetic_data.h"
 #include "model/wire_tensor.h"
 #include "tests/support/test_util.h"
@@ -441,39 +445,50 @@ TEST_F(WorkerSessionTest, StartingWeightsOfAnotherShapeAreRefused) {
 // A checkpoint upload of tensors larger than one chunk (one of a size no multiple of the chunk
 // size) arrives whole: every chunk carries the tensor's header (a real drafter's matrices are
 // many chunks each; the second chunk once came without one and the checkpoint was refused).
+// A snapshot's tensors, in chunks of the real size, reach the coordinator's receiving end
+// (UploadReceiver) whole: tensors of 2 chunks and a part, of 1, of exactly 3, and of more than
+// gRPC's message limit; every message, with the worker's id and token, fits what the coordinator
+// accepts.
 TEST(SendCheckpointTest, TensorsOfSeveralChunksArriveWhole) {
   const int64_t floats_per_chunk = kDefaultMaxChunkBytes / 4;
   NamedTensors tensors = {{"drafter.fc.weight", torch::randn({2 * floats_per_chunk + 123})},
                           {"drafter.norm.weight", torch::randn({7})},
-                          {"adamw.fc.weight.exp_avg", torch::randn({3, floats_per_chunk})}};
-  std::vector<std::vector<uint8_t>> received(tensors.size());
-  size_t current = 0;
+                          {"adamw.fc.weight.exp_avg", torch::randn({3, floats_per_chunk})},
+                          {"adamw.fc.weight.exp_avg_sq", torch::randn({4100, 4096})}};
+  ASSERT_GT(tensors[3].second.nbytes(), static_cast<size_t>(kMaxMessageBytes));
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, t] : tensors) {
+    specs.push_back({name, FromTorchDType(t.scalar_type()).value(), t.sizes().vec()});
+  }
+  UploadReceiver receiver(specs);
+  const std::string token(32, 't');
+  receiver.Expect(token, 5);
   int chunks = 0;
-  std::optional<TensorAssembler> assembler;
   auto write = [&](v1::WorkerMessage& m) {
-    if (!m.has_tensor_chunk()) return true;  // the announcement
-    ++chunks;
-    if (!assembler.has_value()) {
-      assembler.emplace([&](const TensorSpec&, uint64_t nbytes) -> absl::StatusOr<void*> {
-        received[current].resize(nbytes);
-        return received[current].data();
-      });
-    }
-    const absl::Status added = assembler->Add(m.tensor_chunk());
-    EXPECT_TRUE(added.ok()) << added;
-    if (assembler->complete()) {
-      assembler.reset();
-      ++current;
-    }
+    m.set_worker_id(std::string(128, 'w'));  // as WorkerSession::Write sends it; ids are bounded
+    m.set_session_token(token);
+    // What the coordinator's Train stream reads, within the limit it sets.
+    const std::string wire = m.SerializeAsString();
+    EXPECT_LE(wire.size(), static_cast<size_t>(kMaxServerReceiveBytes));
+    v1::WorkerMessage in;
+    EXPECT_TRUE(in.ParseFromString(wire));
+    chunks += in.has_tensor_chunk();
+    const absl::Status s = in.has_checkpoint() ? receiver.Begin(token, in.checkpoint())
+                                               : receiver.Add(token, in.tensor_chunk());
+    EXPECT_TRUE(s.ok()) << s;
     return true;
   };
   ASSERT_TRUE(SendCheckpoint(tensors, 5, write, [] {}).ok());
-  EXPECT_EQ(chunks, 3 + 1 + 3);
-  ASSERT_EQ(current, tensors.size());
+  EXPECT_EQ(chunks, 3 + 1 + 3 + 17);
+  ASSERT_TRUE(receiver.Complete(5));
+  const std::vector<OwnedTensor> received = receiver.Take();
+  ASSERT_EQ(received.size(), tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     const torch::Tensor& t = tensors[i].second;
-    ASSERT_EQ(received[i].size(), t.nbytes()) << tensors[i].first;
-    EXPECT_EQ(std::memcmp(received[i].data(), t.data_ptr(), t.nbytes()), 0) << tensors[i].first;
+    EXPECT_EQ(received[i].spec, specs[i]);
+    ASSERT_EQ(received[i].bytes.size(), t.nbytes()) << tensors[i].first;
+    EXPECT_EQ(std::memcmp(received[i].bytes.data(), t.data_ptr(), t.nbytes()), 0)
+        << tensors[i].first;
   }
 }
 
@@ -524,6 +539,69 @@ TEST(SessionInboxTest, AssemblesAMicrobatchAndStopsAtTheShutdown) {
   EXPECT_TRUE(shutdown.job_finished);
   EXPECT_FALSE(inbox.stream_lost());
   EXPECT_EQ(inbox.newest_epoch(), SessionInbox::kSessionOver);
+}
+
+// One microbatch of samples of `lengths` tokens and `feature_size` features of `dtype`, packed by
+// the coordinator's MicrobatchPacker in chunks of `chunk_bytes` and read by the worker's inbox:
+// every tensor arrives whole, right-padded (anchors with -1).
+void PackAndReceive(const std::vector<int64_t>& lengths, int64_t feature_size,
+                    torch::ScalarType dtype, size_t chunk_bytes) {
+  const int64_t b = static_cast<int64_t>(lengths.size());
+  const int64_t s = *std::max_element(lengths.begin(), lengths.end());
+  MicrobatchPacker packer(b, s, feature_size, FromTorchDType(dtype).value(), chunk_bytes);
+  torch::Tensor ids = torch::zeros({b, s}, torch::kInt64), mask = torch::zeros({b, s}, torch::kU8);
+  torch::Tensor anchors = torch::full({b, b}, -1, torch::kInt64);
+  std::vector<torch::Tensor> features;
+  for (int64_t i = 0; i < b; ++i) {
+    Sample sample;
+    sample.index = static_cast<uint64_t>(i);
+    for (int64_t t = 0; t < lengths[i]; ++t) {
+      sample.input_ids.push_back(1000 * i + t + 1);
+      sample.loss_mask.push_back(t % 3 != 0);
+    }
+    const int64_t len = lengths[i];
+    ids[i].narrow(0, 0, len).copy_(torch::tensor(sample.input_ids, torch::kInt64));
+    mask[i].narrow(0, 0, len).copy_(torch::tensor(sample.loss_mask, torch::kInt64));
+    features.push_back(torch::randn({len, feature_size}).to(dtype));
+    sample.features = static_cast<const uint8_t*>(features.back().data_ptr());
+    anchors[i].narrow(0, 0, i + 1).fill_(i);
+    ASSERT_TRUE(packer.Add(sample, std::vector<int64_t>(i + 1, i)).ok());
+  }
+  std::vector<grpc::ByteBuffer> buffers;
+  ASSERT_TRUE(packer.Encode(&buffers).ok());
+  FakeLink link;
+  v1::CoordinatorMessage header;
+  header.mutable_microbatch()->set_step(3);
+  header.mutable_microbatch()->set_num_tensors(MicrobatchPacker::kNumTensors);
+  link.Send(header);
+  for (grpc::ByteBuffer& buffer : buffers) link.SendBuffer(std::move(buffer));
+  link.Send(ShutdownMessage(true));
+  SessionInbox inbox;
+  inbox.ReadAll(link);
+  InboxItem batch = inbox.Pop();
+  ASSERT_EQ(batch.kind, InboxItem::kBatch) << batch.text;
+  EXPECT_TRUE(torch::equal(batch.tensors.at("input_ids"), ids));
+  EXPECT_TRUE(torch::equal(batch.tensors.at("loss_mask"), mask));
+  EXPECT_TRUE(torch::equal(batch.tensors.at("anchors"), anchors));
+  const torch::Tensor hidden = batch.tensors.at("hidden_states");
+  ASSERT_EQ(hidden.sizes().vec(), (std::vector<int64_t>{b, s, feature_size}));
+  for (int64_t i = 0; i < b; ++i) {
+    EXPECT_TRUE(torch::equal(hidden[i].narrow(0, 0, lengths[i]), features[i])) << "sample " << i;
+    EXPECT_EQ(torch::count_nonzero(hidden[i].narrow(0, lengths[i], s - lengths[i])).item<int64_t>(),
+              0)
+        << "sample " << i << "'s padding";
+  }
+}
+
+// The data stream with tensors of several chunks (64 KiB here): hidden_states of exactly 4 chunks,
+// of 2 and a part (BF16), and of more than gRPC's message limit (a real sample's are 168 MB), whose
+// input_ids take 2 chunks too.
+TEST(SessionInboxTest, MicrobatchTensorsOfSeveralChunksArriveWhole) {
+  constexpr size_t kChunk = 64 << 10;
+  ASSERT_NO_FATAL_FAILURE(PackAndReceive({32, 20}, 1024, torch::kFloat32, kChunk));      // 4 chunks
+  ASSERT_NO_FATAL_FAILURE(PackAndReceive({25, 7, 19}, 1000, torch::kBFloat16, kChunk));  // 150000 B
+  ASSERT_GT(2 * 4100 * 2048 * sizeof(float), static_cast<size_t>(kMaxMessageBytes));
+  ASSERT_NO_FATAL_FAILURE(PackAndReceive({4100, 4000}, 2048, torch::kFloat32, kChunk));
 }
 
 // --- The heartbeat thread's logic on a FakeClock ---
