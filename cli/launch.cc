@@ -26,6 +26,7 @@
 #include "common/file_util.h"
 #include "common/job_config.h"
 #include "common/security.h"
+#include "model/memory_estimate.h"
 
 namespace flashdraft {
 namespace {
@@ -138,6 +139,19 @@ std::string BinDir() {
   return std::filesystem::read_symlink("/proc/self/exe", ec).parent_path().string();
 }
 
+// Every process runs on this machine: their expected peaks against its available memory. Missing
+// files are the coordinator's to report.
+absl::Status CheckLaunchMemory(const JobConfig& job, const LaunchOptions& o) {
+  absl::StatusOr<MemoryInputs> inputs = MemoryInputsForJob(job);
+  if (!inputs.ok()) return absl::OkStatus();
+  const JobMemory memory = EstimateJobMemory(job, *inputs, o.workers);
+  std::printf("[launch     ] expected peak memory: coordinator %lld MiB, each worker %lld MiB\n",
+              static_cast<long long>(memory.coordinator.HostBytes() >> 20),
+              static_cast<long long>(memory.worker.HostBytes() >> 20));
+  if (o.skip_memory_check) return absl::OkStatus();
+  return CheckJobFits(memory, AvailableHostMemory(), "this machine");
+}
+
 }  // namespace
 
 int Launch(const LaunchOptions& o) {
@@ -201,6 +215,7 @@ int Launch(const LaunchOptions& o) {
   if (std::string problem = GpuJobProblem(*job, worker_bin, o.workers); !problem.empty()) {
     return fail(problem);
   }
+  if (absl::Status s = CheckLaunchMemory(*job, o); !s.ok()) return fail(std::string(s.message()));
 
   struct sigaction sa {};
   sa.sa_handler = OnSignal;

@@ -20,6 +20,8 @@ struct LaunchOptions {
   int max_restarts = 3;
   // --resume: a coordinator that crashes is started again from its newest checkpoint too.
   bool restart_coordinator = false;
+  // Start even when the memory estimate exceeds the machine's available memory.
+  bool skip_memory_check = false;
 };
 
 int Launch(const LaunchOptions& options);

@@ -20,10 +20,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/eval.h"
 #include "cli/launch.h"
 #include "cli/make_shards.h"
+#include "cli/make_target.h"
 #include "cli/make_tiny_target.h"
 #include "cli/prepare.h"
 #include "cli/pve.h"
@@ -38,6 +40,7 @@
 #include "flashdraft/v1/coordinator.grpc.pb.h"
 #include "model/debug_step.h"
 #include "model/drafter_export.h"
+#include "model/memory_estimate.h"
 
 namespace flashdraft {
 namespace {
@@ -190,7 +193,15 @@ int ConfigCheck(const std::string& path, const std::vector<std::string>& overrid
   absl::StatusOr<JobConfig> config = LoadJobConfig(path);
   if (!config.ok()) return Fail(config.status());
   if (absl::Status s = ApplyOverrides(*config, overrides); !s.ok()) return Fail(s);
-  std::cout << "# " << path << ": valid\n" << JobConfigToYaml(*config);
+  std::cout << "# " << path << ": valid\n";
+  // Each process's expected peak memory, where the target's (or the shards') files are here.
+  absl::StatusOr<MemoryInputs> inputs = MemoryInputsForJob(*config);
+  if (inputs.ok()) {
+    std::cout << FormatJobMemory(EstimateJobMemory(*config, *inputs, config->cluster.max_workers));
+  } else {
+    std::cout << "# memory estimate: not available (" << inputs.status().message() << ")\n";
+  }
+  std::cout << JobConfigToYaml(*config);
   return 0;
 }
 
@@ -285,6 +296,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   launch->add_option("--out", launch_options.out_dir, "output directory (overrides output_dir)");
   launch->add_option("--set", launch_options.overrides, "override a field: section.field=value");
+  launch->add_flag("--skip-memory-check", launch_options.skip_memory_check,
+                   "start even when the job's expected peak memory exceeds what is available");
   bool resume = false;
   launch->add_flag("--resume", resume,
                    "start from the newest checkpoint when there is one (checkpoint.resume=true)");
@@ -334,6 +347,27 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   tiny->add_option("--seed", tiny_options.seed, "seed")->capture_default_str();
   tiny->add_flag("--force", tiny_options.force, "retrain even if the folder is up to date");
+
+  CLI::App* make_target = app.add_subcommand(
+      "make-target", "Create a random-weight Hugging Face target of a real model's shape");
+  flashdraft::MakeTargetOptions target_options;
+  make_target
+      ->add_option(
+          "--shape", target_options.shape,
+          absl::StrCat("the real model: ", absl::StrJoin(flashdraft::TargetShapeNames(), ", ")))
+      ->required();
+  make_target->add_option("--out", target_options.out, "output folder")->required();
+  make_target->add_option("--layers", target_options.layers,
+                          "decoder layers (default: the real model's)");
+  make_target->add_option("--dtype", target_options.dtype, "weights: bf16 or fp32")
+      ->capture_default_str();
+  make_target->add_option(
+      "--max-seq-len", target_options.max_seq_len,
+      "the tokenizer's model_max_length and the reply length of long-chats.jsonl (default 2048)");
+  make_target->add_option("--corpus", target_options.corpus_dir, "folder of text files")
+      ->capture_default_str();
+  make_target->add_option("--seed", target_options.seed, "seed")->capture_default_str();
+  make_target->add_flag("--force", target_options.force, "make it again even if up to date");
 
   CLI::App* prepare = app.add_subcommand(
       "prepare", "Offline shards from a Hugging Face target and JSONL chat data");
@@ -515,6 +549,10 @@ int main(int argc, char** argv) {
       return flashdraft::Fail(s);
     }
     absl::Status s = flashdraft::Prepare(prepare_options);
+    return s.ok() ? 0 : flashdraft::Fail(s);
+  }
+  if (make_target->parsed()) {
+    absl::Status s = flashdraft::MakeTarget(target_options);
     return s.ok() ? 0 : flashdraft::Fail(s);
   }
   if (tiny->parsed()) {

@@ -12,8 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/bpe_trainer.h"
-#include "common/crc32c.h"
+#include "cli/hf_folder.h"
 #include "common/file_util.h"
 #include "common/progress.h"
 #include "common/safetensors.h"
@@ -27,32 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-// A ChatML template for Hugging Face loaders (flashdraft itself renders chats with its Qwen3
-// template, which produces the same turns plus the <think> block of the last assistant turn).
-constexpr const char* kChatTemplate =
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
-    "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\\n' }}{% endif %}";
-
-// The corpus: regular files (not links, which repeat them) in name order.
-absl::StatusOr<std::vector<std::string>> ReadCorpus(const std::string& dir) {
-  std::error_code ec;
-  std::vector<fs::path> paths;
-  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
-       it.increment(ec)) {
-    if (it->is_regular_file() && !it->is_symlink()) paths.push_back(it->path());
-  }
-  if (ec) return absl::NotFoundError(absl::StrCat(dir, ": ", ec.message()));
-  std::sort(paths.begin(), paths.end());
-  std::vector<std::string> texts;
-  for (const fs::path& p : paths) {
-    FD_ASSIGN_OR_RETURN(std::string text, ReadFile(p.string()));
-    texts.push_back(std::move(text));
-  }
-  if (texts.empty()) return absl::NotFoundError(absl::StrCat(dir, ": no text files"));
-  return texts;
-}
 
 json ConfigJson(const MakeTinyTargetOptions& o, int64_t vocab_size, int64_t eos, int64_t bos) {
   return json{{"architectures", {"Qwen3ForCausalLM"}},
@@ -75,33 +48,6 @@ json ConfigJson(const MakeTinyTargetOptions& o, int64_t vocab_size, int64_t eos,
               {"torch_dtype", "float32"}};
 }
 
-// Demo chat data from the corpus: "Continue: <line>" answered by the next three lines; the first
-// 256 chats are the training chats (chats.jsonl), the next 64 held-out prompts for evaluation
-// (heldout-chats.jsonl) that no drafter trained on. Cheap and deterministic: written on every run.
-absl::Status WriteDemoChats(const std::vector<std::string>& corpus, const std::string& out) {
-  constexpr int kTrain = 256, kHeldOut = 64;
-  std::string chats[2];
-  int num_chats = 0;
-  for (const std::string& text : corpus) {
-    std::vector<std::string> lines;
-    for (size_t at = 0, next; at < text.size() && num_chats < kTrain + kHeldOut; at = next + 1) {
-      next = text.find('\n', at);
-      if (next == std::string::npos) next = text.size();
-      if (next - at > 20) lines.push_back(text.substr(at, next - at));
-    }
-    for (size_t i = 0; i + 3 < lines.size() && num_chats < kTrain + kHeldOut; i += 4, ++num_chats) {
-      const json chat = {
-          {"messages",
-           {{{"role", "user"}, {"content", "Continue: " + lines[i]}},
-            {{"role", "assistant"},
-             {"content", lines[i + 1] + "\n" + lines[i + 2] + "\n" + lines[i + 3]}}}}};
-      chats[num_chats < kTrain ? 0 : 1] += chat.dump() + "\n";
-    }
-  }
-  FD_RETURN_IF_ERROR(WriteFileAtomically(out + "/chats.jsonl", chats[0]));
-  return WriteFileAtomically(out + "/heldout-chats.jsonl", chats[1]);
-}
-
 }  // namespace
 
 absl::Status MakeTinyTarget(const MakeTinyTargetOptions& o) {
@@ -114,12 +60,7 @@ absl::Status MakeTinyTarget(const MakeTinyTargetOptions& o) {
                      " heads of an even size, and the heads into ", o.num_kv_heads, " KV heads"));
   }
   FD_ASSIGN_OR_RETURN(std::vector<std::string> corpus, ReadCorpus(o.corpus_dir));
-  uint32_t digest = 0;
-  size_t corpus_bytes = 0;
-  for (const std::string& t : corpus) {
-    digest = Crc32cExtend(digest, t.data(), t.size());
-    corpus_bytes += t.size();
-  }
+  const auto [digest, corpus_bytes] = CorpusDigest(corpus);
   // Everything the result depends on; an equal stamp means the folder is up to date.
   const json stamp = {{"flashdraft_tiny_target", 2},
                       {"corpus_crc32c", digest},
@@ -152,13 +93,9 @@ absl::Status MakeTinyTarget(const MakeTinyTargetOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
 
   // 1. Tokenizer.
-  BpeTrainerOptions bpe;
-  bpe.num_merges = o.num_merges;
-  FD_ASSIGN_OR_RETURN(std::string tokenizer_json, TrainByteLevelBpe(corpus, bpe));
-  FD_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
-                      Tokenizer::FromJson(tokenizer_json, "trained tokenizer"));
-  const int64_t eos = *tokenizer->TokenToId("<|endoftext|>");
-  const int64_t im_end = *tokenizer->TokenToId("<|im_end|>");
+  FD_ASSIGN_OR_RETURN(TrainedTokenizer trained, TrainCorpusTokenizer(corpus, o.num_merges));
+  const Tokenizer* tokenizer = trained.tokenizer.get();
+  const int64_t eos = trained.endoftext;
   // Room after the tokenizer's ids (the drafter's mask token is the first unused row).
   const int64_t vocab_size = (tokenizer->vocab_size() + 64) / 64 * 64;
   std::vector<int64_t> stream;
@@ -236,19 +173,7 @@ absl::Status MakeTinyTarget(const MakeTinyTargetOptions& o) {
   }
   FD_RETURN_IF_ERROR(weights.Write(o.out + "/model.safetensors"));
   FD_RETURN_IF_ERROR(WriteFileAtomically(o.out + "/config.json", config.dump(2) + "\n"));
-  FD_RETURN_IF_ERROR(WriteFileAtomically(o.out + "/tokenizer.json", tokenizer_json));
-  const json tokenizer_config = {{"tokenizer_class", "Qwen2Tokenizer"},
-                                 {"bos_token", nullptr},
-                                 {"eos_token", "<|im_end|>"},
-                                 {"pad_token", "<|endoftext|>"},
-                                 {"model_max_length", 2048},
-                                 {"chat_template", kChatTemplate}};
-  FD_RETURN_IF_ERROR(
-      WriteFileAtomically(o.out + "/tokenizer_config.json", tokenizer_config.dump(2) + "\n"));
-  const json generation = {
-      {"bos_token_id", eos}, {"eos_token_id", {im_end, eos}}, {"do_sample", false}};
-  FD_RETURN_IF_ERROR(
-      WriteFileAtomically(o.out + "/generation_config.json", generation.dump(2) + "\n"));
+  FD_RETURN_IF_ERROR(WriteTokenizerFiles(trained, 2048, o.out));
 
   // A greedy continuation, to show what the target learned.
   std::vector<int32_t> prompt32 = tokenizer->Encode("This License");

@@ -34,24 +34,34 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents,
                                  const std::function<void(size_t written)>& written) {
+  return WriteFileAtomically(path, std::vector<absl::string_view>{contents}, written);
+}
+
+absl::Status WriteFileAtomically(const std::string& path,
+                                 const std::vector<absl::string_view>& pieces,
+                                 const std::function<void(size_t written)>& written) {
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot create", tmp, errno);
-  const char* p = contents.data();
-  size_t left = contents.size();
-  constexpr size_t kPiece = size_t{16} << 20;
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, written ? std::min(left, kPiece) : left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return Errno("write failed", tmp, err);
+  constexpr size_t kChunk = size_t{16} << 20;
+  size_t total = 0;
+  for (absl::string_view piece : pieces) {
+    const char* p = piece.data();
+    size_t left = piece.size();
+    while (left > 0) {
+      ssize_t n = ::write(fd, p, written ? std::min(left, kChunk) : left);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        int err = errno;
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        return Errno("write failed", tmp, err);
+      }
+      p += n;
+      left -= static_cast<size_t>(n);
+      total += static_cast<size_t>(n);
+      if (written) written(total);
     }
-    p += n;
-    left -= static_cast<size_t>(n);
-    if (written) written(contents.size() - left);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     int err = errno;

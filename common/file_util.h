@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -16,6 +17,10 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 // the directory: afterwards the file is either the old one or the whole new one.
 // `written` (if set) is told the bytes written so far, every 16 MiB.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents,
+                                 const std::function<void(size_t written)>& written = nullptr);
+// The same with the contents in pieces, written one after another (no copy into one buffer).
+absl::Status WriteFileAtomically(const std::string& path,
+                                 const std::vector<absl::string_view>& pieces,
                                  const std::function<void(size_t written)>& written = nullptr);
 
 }  // namespace flashdraft

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/net_util.h"
+#include "common/process_memory.h"
 
 namespace flashdraft {
 namespace {
@@ -50,6 +51,9 @@ class ProcessCollector : public prometheus::Collectable {
         prometheus::MetricType::Counter, (field(14) + field(15)) / ticks);
     Add(out, "process_resident_memory_bytes", "Resident memory size in bytes",
         prometheus::MetricType::Gauge, field(24) * page);
+    Add(out, "flashdraft_process_peak_resident_memory_bytes",
+        "The largest resident memory size the process has had, in bytes",
+        prometheus::MetricType::Gauge, static_cast<double>(PeakResidentBytes()));
     Add(out, "process_virtual_memory_bytes", "Virtual memory size in bytes",
         prometheus::MetricType::Gauge, field(23));
     Add(out, "process_threads", "Threads of the process", prometheus::MetricType::Gauge, field(20));

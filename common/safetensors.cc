@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
 
@@ -269,7 +270,7 @@ void SafetensorsWriter::SetMetadata(std::string key, std::string value) {
   metadata_[std::move(key)] = std::move(value);
 }
 
-std::string SafetensorsWriter::Serialize() const {
+std::string SafetensorsWriter::Header() const {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   uint64_t offset = 0;
@@ -282,16 +283,44 @@ std::string SafetensorsWriter::Serialize() const {
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   std::string out;
-  out.reserve(8 + text.size() + offset);
-  uint64_t len = text.size();
+  const uint64_t len = text.size();
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((len >> (8 * i)) & 0xFF));
-  out += text;
-  for (const Entry& e : entries_) out.append(static_cast<const char*>(e.data), e.nbytes);
+  return out + text;
+}
+
+std::vector<absl::string_view> SafetensorsWriter::Pieces(const std::string& header) const {
+  std::vector<absl::string_view> pieces = {header};
+  for (const Entry& e : entries_) pieces.emplace_back(static_cast<const char*>(e.data), e.nbytes);
+  return pieces;
+}
+
+std::string SafetensorsWriter::Serialize() const {
+  const std::string header = Header();
+  std::string out;
+  for (absl::string_view piece : Pieces(header)) out.append(piece.data(), piece.size());
   return out;
 }
 
 absl::Status SafetensorsWriter::Write(const std::string& path) const {
-  return WriteFileAtomically(path, Serialize());
+  const std::string header = Header();
+  return WriteFileAtomically(path, Pieces(header));
+}
+
+absl::Status SafetensorsWriter::Write(const std::string& path,
+                                      const std::function<void(size_t)>& written, uint64_t* bytes,
+                                      uint32_t* crc32c) const {
+  const std::string header = Header();
+  const std::vector<absl::string_view> pieces = Pieces(header);
+  uint64_t size = 0;
+  uint32_t crc = 0;
+  for (absl::string_view piece : pieces) {
+    size += piece.size();
+    crc = Crc32cExtend(crc, piece.data(), piece.size());
+  }
+  FD_RETURN_IF_ERROR(WriteFileAtomically(path, pieces, written));
+  *bytes = size;
+  *crc32c = crc;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(const std::string& path) {

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -76,6 +77,10 @@ class SafetensorsWriter {
                    size_t nbytes);
   void SetMetadata(std::string key, std::string value);
   absl::Status Write(const std::string& path) const;
+  // The same, the tensors written from where they lie (never copied into one image), `written`
+  // told the bytes so far; the file's size and CRC-32C into *bytes and *crc32c.
+  absl::Status Write(const std::string& path, const std::function<void(size_t)>& written,
+                     uint64_t* bytes, uint32_t* crc32c) const;
   // The complete file image (used by Write and by tests).
   std::string Serialize() const;
 
@@ -87,6 +92,9 @@ class SafetensorsWriter {
     const void* data;
     size_t nbytes;
   };
+  // The length prefix and JSON header; the pieces of the whole file after it.
+  std::string Header() const;
+  std::vector<absl::string_view> Pieces(const std::string& header) const;
   std::vector<Entry> entries_;
   std::map<std::string, std::string> metadata_;
 };

@@ -134,12 +134,14 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::Write(uint64_t completed_steps,
   for (const auto& [file, writer] :
        {std::pair<const char*, const SafetensorsWriter*>{kModelFile, &model},
         {kOptimizerFile, &optimizer}}) {
-    const std::string image = writer->Serialize();
-    FD_RETURN_IF_ERROR(WriteFileAtomically(tmp_dir + "/" + file, image, [&](size_t written) {
-      progress.Update(before + static_cast<double>(written));
-    }));
-    before += static_cast<double>(image.size());
-    files[file] = Crc32c(image.data(), image.size());
+    uint64_t bytes = 0;
+    uint32_t crc = 0;
+    FD_RETURN_IF_ERROR(writer->Write(
+        tmp_dir + "/" + file,
+        [&](size_t written) { progress.Update(before + static_cast<double>(written)); }, &bytes,
+        &crc));
+    before += static_cast<double>(bytes);
+    files[file] = crc;
   }
   progress.Finish();
   if (!drafter_config_json_.empty()) {

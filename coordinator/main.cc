@@ -1,4 +1,5 @@
 // flashdraft-coordinator --job JOB.yaml [--set section.field=value ...] [--port-file FILE]
+#include <glog/logging.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -8,14 +9,17 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/cuda_util.h"
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/numeric_env.h"
+#include "common/process_memory.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/evaluator.h"
 #include "coordinator/initial_weights.h"
 #include "coordinator/sources/target_source.h"
+#include "model/memory_estimate.h"
 #include "model/numeric_probe.h"
 
 namespace {
@@ -65,6 +69,22 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
 
+  // What this process will hold at its peak, from the job and the shapes alone; a job that cannot
+  // fit is refused before the target loads.
+  int64_t estimate = 0;
+  if (absl::StatusOr<flashdraft::MemoryInputs> inputs = flashdraft::MemoryInputsForJob(*job);
+      inputs.ok()) {
+    flashdraft::JobMemory memory =
+        flashdraft::EstimateJobMemory(*job, *inputs, job->cluster.max_workers);
+    memory.workers = 0;  // this process only
+    estimate = memory.coordinator.HostBytes();
+    LOG(INFO) << "expected peak memory: " << estimate / (1 << 20) << " MiB";
+    if (absl::Status s =
+            flashdraft::CheckJobFits(memory, flashdraft::AvailableHostMemory(), "this host");
+        !s.ok()) {
+      return Fail(s);
+    }
+  }
   auto coordinator = flashdraft::Coordinator::Create(
       *job, flashdraft::WriteInitialWeights,
       [](const flashdraft::JobConfig& j) -> absl::StatusOr<flashdraft::SourceBundle> {
@@ -107,6 +127,8 @@ int main(int argc, char** argv) {
   }).detach();
 
   absl::Status result = c->Run();
+  LOG(INFO) << "peak memory: " << flashdraft::PeakResidentBytes() / (1 << 20) << " MiB"
+            << (estimate > 0 ? absl::StrCat(" (expected ", estimate / (1 << 20), " MiB)") : "");
   if (!result.ok()) return Fail(result);
   return 0;
 }

@@ -3,6 +3,7 @@
 //                   [--metrics-port-file FILE] [--cuda-device N]
 // flashdraft-worker --probe   (what it can run: collectives, CUDA devices)
 // (intra-op threads come from the job: train.intra_op_threads, one value for every worker)
+#include <glog/logging.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -13,6 +14,7 @@
 #include "common/logging.h"
 #include "common/malloc_tuning.h"
 #include "common/numeric_env.h"
+#include "common/process_memory.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
@@ -72,6 +74,7 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   absl::Status s = flashdraft::RunWorker(options);
+  LOG(INFO) << "peak memory: " << flashdraft::PeakResidentBytes() / (1 << 20) << " MiB";
   if (!s.ok()) {
     std::cerr << "flashdraft-worker: error: " << s.message() << "\n";
     return 1;

@@ -1,0 +1,101 @@
+#include "model/memory_estimate.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/file_util.h"
+#include "tests/support/test_util.h"
+
+namespace flashdraft {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Qwen3-8B's shape, two layers, online.
+MemoryInputs Qwen3_8b() {
+  MemoryInputs in;
+  in.online_target = true;
+  TargetModelConfig& t = in.target;
+  t.model_type = "qwen3";
+  t.qk_norm = true;
+  t.hidden_size = 4096;
+  t.intermediate_size = 12288;
+  t.num_hidden_layers = 2;
+  t.num_attention_heads = 32;
+  t.num_key_value_heads = 8;
+  t.head_dim = 128;
+  t.vocab_size = 151936;
+  in.drafter = DrafterConfigForTarget(t, {0, 1}, 2048, -1);
+  return in;
+}
+
+int64_t Part(const ProcessMemory& p, const std::string& prefix) {
+  for (const MemoryPart& part : p.parts) {
+    if (part.what.rfind(prefix, 0) == 0) return part.bytes;
+  }
+  return -1;
+}
+
+TEST(MemoryEstimateTest, PartsFollowTheJobsShapes) {
+  JobConfig job;
+  job.data.source = "target";
+  job.data.max_seq_len = 2048;
+  job.drafter.num_hidden_layers = 1;
+  job.drafter.max_anchors = 64;
+  job.train.global_batch_size = 2;
+  const MemoryInputs in = Qwen3_8b();
+  const JobMemory m = EstimateJobMemory(job, in, 2);
+  // Untied embeddings and lm_head of 151,936 x 4096 in fp32 on every worker: 4.6 GiB.
+  EXPECT_EQ(Part(m.worker, "frozen embeddings"), int64_t{2} * 151936 * 4096 * 4);
+  EXPECT_EQ(Part(m.coordinator, "target weights (fp32)"), TargetParameterCount(in.target) * 4);
+  // Twice the anchors: more activations; twice the sequence: more target forward; the
+  // parameters' parts unchanged.
+  job.drafter.max_anchors = 128;
+  const JobMemory anchors = EstimateJobMemory(job, in, 2);
+  EXPECT_GT(Part(anchors.worker, "activations"), Part(m.worker, "activations"));
+  EXPECT_EQ(Part(anchors.worker, "drafter weights"), Part(m.worker, "drafter weights"));
+  job.data.max_seq_len = 4096;
+  EXPECT_GT(Part(EstimateJobMemory(job, in, 2).coordinator, "target forward"),
+            Part(anchors.coordinator, "target forward"));
+  // More workers split the batch: less per worker.
+  job.train.global_batch_size = 8;
+  EXPECT_LT(Part(EstimateJobMemory(job, in, 8).worker, "activations"),
+            Part(EstimateJobMemory(job, in, 1).worker, "activations"));
+  const std::string table = FormatJobMemory(m);
+  EXPECT_THAT(table, HasSubstr("# coordinator: expected peak "));
+  EXPECT_THAT(table, HasSubstr("# each of 2 worker(s): expected peak "));
+  EXPECT_THAT(table, HasSubstr("frozen embeddings and lm_head (fp32)"));
+}
+
+TEST(MemoryEstimateTest, AJobThatCannotFitIsRefusedNamingTheLargestPart) {
+  JobConfig job;
+  job.data.source = "target";
+  job.data.max_seq_len = 2048;
+  job.drafter.max_anchors = 64;
+  const JobMemory m = EstimateJobMemory(job, Qwen3_8b(), 4);
+  const int64_t total = m.coordinator.HostBytes() + 4 * m.worker.HostBytes();
+  EXPECT_TRUE(CheckJobFits(m, total, "this machine").ok());
+  EXPECT_TRUE(CheckJobFits(m, 0, "this machine").ok());  // unknown: no refusal
+  const absl::Status s = CheckJobFits(m, total - 1, "this machine");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("the largest part is the worker's checkpoint upload (rank 0)"));
+  EXPECT_GT(AvailableHostMemory(), 0);
+}
+
+TEST(MemoryEstimateTest, MissingFilesAreNamed) {
+  testing::TempDir dir;
+  JobConfig job;
+  job.data.source = "target";
+  job.target.path = dir.Join("nowhere");
+  EXPECT_THAT(std::string(MemoryInputsForJob(job).status().message()),
+              HasSubstr("nowhere/config.json"));
+  job.data.source = "shards";
+  job.data.shards_dir = dir.path();
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("manifest.json"), "{\"metadata\": {}}").ok());
+  EXPECT_THAT(std::string(MemoryInputsForJob(job).status().message()),
+              HasSubstr("manifest.json: no metadata.drafter_config"));
+}
+
+}  // namespace
+}  // namespace flashdraft
