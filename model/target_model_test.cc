@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "model/generate.h"
+#include "model/test_targets.h"
 #include "model/wire_tensor.h"
 #include "tests/support/test_util.h"
 
@@ -118,35 +119,11 @@ TEST(TargetModelTest, GreedyGenerateEqualsArgmaxOfFullForwards) {
   EXPECT_EQ(stopped->back(), seq[prompt.size() + 2]);
 }
 
-// A random-weight Qwen3-shaped model (grouped heads, qk-norm) built in memory.
-std::unique_ptr<TargetModel> RandomTarget(int64_t layers) {
-  TargetModelConfig c;
-  c.model_type = "qwen3";
-  c.qk_norm = true;
-  c.hidden_size = 64;
-  c.intermediate_size = 96;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 16;
-  c.vocab_size = 50;
-  c.rope_theta = 10000;
-  torch::manual_seed(1);
-  auto model = TargetModel::FromWeights(
-      c,
-      [](const std::string&, const std::vector<int64_t>& shape) -> absl::StatusOr<torch::Tensor> {
-        if (shape.size() == 1) return torch::ones(shape) + 0.1 * torch::randn(shape);
-        return torch::randn(shape) / std::sqrt(static_cast<double>(shape.back()));
-      },
-      [](const std::string&) { return false; });
-  EXPECT_TRUE(model.ok()) << model.status();
-  return std::move(*model);
-}
-
 TEST(TargetModelTest, TiledForwardEqualsDenseWithAndWithoutCache) {
-  auto model = RandomTarget(3);
+  const TargetModelConfig config = ::flashdraft::testing::SmallQwen3();
+  auto model = ::flashdraft::testing::RandomTarget(config, 1);
   torch::manual_seed(2);
-  const torch::Tensor ids = torch::randint(0, 50, {2, 300}, torch::kInt64);
+  const torch::Tensor ids = torch::randint(0, config.vocab_size, {2, 300}, torch::kInt64);
   TargetForwardOptions dense;
   dense.dense_attention = true;
   model->SetForwardOptions(dense);
@@ -156,7 +133,7 @@ TEST(TargetModelTest, TiledForwardEqualsDenseWithAndWithoutCache) {
   TargetForwardOptions tiled;
   tiled.attention.query_tile = 48;
   tiled.attention.tile_score_bytes = 1;
-  tiled.mlp_chunk_bytes = 7 * 96 * 4 * 3;
+  tiled.mlp_chunk_bytes = 7 * config.intermediate_size * 4 * 3;
   model->SetForwardOptions(tiled);
   auto got = model->Forward(ids, {0, 2}, true);
   ASSERT_TRUE(got.ok());
