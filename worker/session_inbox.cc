@@ -98,7 +98,7 @@ bool SessionInbox::Take(const grpc::ByteBuffer& buffer) {
 void SessionInbox::ReadAll(CoordinatorLink& link) {
   grpc::ByteBuffer buffer;
   while (link.Read(&buffer)) {
-    bytes_received_ += buffer.Length();
+    if (metrics_ != nullptr) metrics_->AddReceivedBytes(buffer.Length());
     if (!Take(buffer)) return;
   }
   Fail("the coordinator closed the Train stream");

@@ -18,6 +18,7 @@
 #include "flashdraft/v1/coordinator.pb.h"
 #include "model/wire_tensor.h"
 #include "worker/coordinator_link.h"
+#include "worker/worker_metrics.h"
 
 namespace flashdraft {
 
@@ -43,6 +44,9 @@ class SessionInbox {
   // Received tensors in page-locked memory (worker.device: cuda), before ReadAll starts.
   void PinReceiveBuffers() { sink_.pinned = true; }
 
+  // Counts the bytes read from the stream into `metrics` as they arrive (before ReadAll).
+  void ReportTo(WorkerMetrics* metrics) { metrics_ = metrics; }
+
   // Reads `link` until a Shutdown, the end of the stream or a malformed message; the last two end
   // in a kError item. On the reader thread.
   void ReadAll(CoordinatorLink& link);
@@ -54,8 +58,7 @@ class SessionInbox {
     return item;
   }
 
-  // Bytes read from the stream so far; microbatches assembled and not popped yet (metrics).
-  uint64_t bytes_received() const { return bytes_received_; }
+  // Microbatches assembled and not popped yet (metrics).
   int64_t queued_batches() const { return queued_batches_; }
 
   // The newest membership epoch announced so far (read while a collective blocks: an older
@@ -76,8 +79,8 @@ class SessionInbox {
   BlockingQueue<InboxItem> queue_;
   std::atomic<uint64_t> newest_epoch_{0};
   std::atomic<bool> stream_lost_{false};
-  std::atomic<uint64_t> bytes_received_{0};
   std::atomic<int64_t> queued_batches_{0};
+  WorkerMetrics* metrics_ = nullptr;
   // The reader thread's own (reused from message to message).
   ReceivedChunk chunk_;
   v1::CoordinatorMessage message_;

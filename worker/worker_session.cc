@@ -109,6 +109,7 @@ absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Create(SessionSetu
   session->drafter_->MoveTo(device);
   session->drafter_->SetComputeDtype(compute);
   if (!device.is_cpu()) session->inbox_.PinReceiveBuffers();
+  session->inbox_.ReportTo(session->hooks_.metrics);
   auto& fetched = session->setup_.fetched;
   FD_RETURN_IF_ERROR(LoadFetchedModel(*session->drafter_, fetched));
   FD_RETURN_IF_ERROR(
@@ -424,14 +425,10 @@ void WorkerSession::Heartbeats() {
   SessionMonitor monitor(
       clock_, options, progress_, [this](v1::WorkerMessage& m) { return Write(m); },
       hooks_.on_stuck);
-  uint64_t bytes_reported = 0;
   do {
     monitor.Tick(hooks_.leave_requested != nullptr && hooks_.leave_requested->load(),
                  inbox_.stream_lost());
-    if (hooks_.metrics) {
-      const uint64_t bytes = inbox_.bytes_received();
-      hooks_.metrics->AddReceivedBytes(bytes - bytes_reported);
-      bytes_reported = bytes;
+    if (hooks_.metrics) {  // the bytes received are counted as they arrive (SessionInbox)
       hooks_.metrics->SetQueuedMicrobatches(inbox_.queued_batches());
     }
   } while (!stop_heartbeats_.WaitForNotificationWithTimeout(absl::Milliseconds(100)));

@@ -511,19 +511,33 @@ TEST(SessionInboxTest, ChunksOutsideAMicrobatchAreAnError) {
 TEST(SessionInboxTest, AssemblesAMicrobatchAndStopsAtTheShutdown) {
   FakeLink link;
   SessionInbox inbox;
-  link.Send(ReformMessage(2, 0));
+  WorkerMetrics metrics("cpu", "gloo");
+  inbox.ReportTo(&metrics);
+  size_t sent_bytes = 0;  // up to the Shutdown
+  const auto send = [&](const v1::CoordinatorMessage& m) {
+    sent_bytes += m.ByteSizeLong();
+    link.Send(m);
+  };
+  send(ReformMessage(2, 0));
   v1::CoordinatorMessage m;
   m.mutable_microbatch()->set_step(4);
   m.mutable_microbatch()->set_num_tensors(1);
-  link.Send(m);
+  send(m);
   torch::Tensor t = torch::arange(1000, torch::kFloat32);
   std::vector<grpc::ByteBuffer> buffers = ChunkBuffers("x", t);
   EXPECT_GT(buffers.size(), 1u);
-  for (auto& b : buffers) link.SendBuffer(b);
-  link.Send(CommitMessage(4, 2, true));
-  link.Send(ShutdownMessage(true));
+  for (auto& b : buffers) {
+    sent_bytes += b.Length();
+    link.SendBuffer(b);
+  }
+  send(CommitMessage(4, 2, true));
+  send(ShutdownMessage(true));
   link.Send(ReformMessage(9, 0));  // after the Shutdown: never read
   inbox.ReadAll(link);             // returns at the Shutdown, with the stream still open
+  // Counted as read, not when a heartbeat next samples them (a scrape saw 0 after 5 steps).
+  EXPECT_THAT(metrics.Text(), HasSubstr(absl::StrCat(
+                                  "flashdraft_worker_stream_bytes_total{direction=\"received\"} ",
+                                  sent_bytes, "\n")));
   EXPECT_EQ(inbox.Pop().kind, InboxItem::kReform);
   InboxItem batch = inbox.Pop();
   ASSERT_EQ(batch.kind, InboxItem::kBatch);
