@@ -70,20 +70,23 @@ class Drafter(torch.nn.Module):
 
 def main():
     ap = argparse.ArgumentParser()
-    for name, default in [("threads", 2), ("steps", 10), ("hidden", 256), ("layers", 2), ("block", 16),
-                          ("seq", 512), ("anchors", 64), ("batch", 2), ("vocab", 8192)]:
+    for name, default in [("threads", 2), ("steps", 10), ("warmup", 2), ("hidden", 256), ("layers", 2),
+                          ("heads", 0), ("kv-heads", 0), ("head-dim", 64), ("intermediate", 0),
+                          ("features", 2), ("block", 16), ("seq", 512), ("anchors", 64), ("batch", 2),
+                          ("vocab", 8192)]:
         ap.add_argument("--" + name, type=int, default=default)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     H, B, S, N, b, V = a.hidden, a.block, a.seq, a.anchors, a.batch, a.vocab
-    nh, hd = H // 64, 64
-    kvh = max(1, nh // 2)
-    model = Drafter(H, 2, a.layers, nh, kvh, hd, 3 * H)
+    hd = a.head_dim
+    nh = a.heads or H // 64
+    kvh = a.kv_heads or max(1, nh // 2)
+    model = Drafter(H, a.features, a.layers, nh, kvh, hd, a.intermediate or 3 * H)
     embed, head = torch.randn(V, H) * 0.2, torch.randn(V, H) * 0.2
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
     ids = torch.randint(0, V - 1, (b, S))
-    feats = torch.randn(b, S, 2 * H)
+    feats = torch.randn(b, S, a.features * H)
     anchors = torch.stack([torch.randperm(S - 1)[:N].sort().values for _ in range(b)])
     gamma = {16: 7.0, 10: 5.0, 8: 4.0}[B]
     blk = torch.full((b, N, B), V - 1)
@@ -102,7 +105,7 @@ def main():
     labels = ids.gather(1, tgt.clamp(max=S - 1).view(b, -1)).view(b, N, B - 1)
     w = valid.float() * torch.exp(-(torch.arange(1, B).float() - 1) / gamma)
     times = []
-    for step in range(a.steps + 2):
+    for step in range(a.steps + a.warmup):
         t0 = time.perf_counter()
         x = embed[blk.view(b, -1)]
         h = model(feats, x, allow, cos_q, sin_q, cos_c, sin_c).view(b, N, B, H)[:, :, 1:]
@@ -113,7 +116,7 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
-        if step >= 2:
+        if step >= a.warmup:
             times.append(time.perf_counter() - t0)
     times.sort()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

@@ -8,12 +8,18 @@
 // With --tls-dir (a folder deploy/make-certs.sh wrote) the zero-copy path is also measured over
 // mutual TLS with the job secret on the call, as a secured job streams.
 //
+// With --connections N the zero-copy paths spread the stream over N connections (N channels, each
+// stream carrying a share of the chunks), as a worker could; the CPU column is what both processes
+// spent per GB moved.
+//
 //   stream_bench [--mib 512] [--repeats 3] [--tune-malloc 0|1] [--protobuf 0|1] [--tls-dir DIR]
+//                [--connections 1]
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -91,6 +97,17 @@ class StreamService : public flashdraft::v1::Coordinator::CallbackService {
   const std::vector<uint8_t>& bytes_;
 };
 
+// A share of whole chunks of an n-byte stream, for one of `parts` connections.
+struct Part {
+  size_t offset, bytes, first_chunk, chunks;
+};
+Part PartOf(size_t n, int part, int parts) {
+  const size_t chunk = flashdraft::kDefaultMaxChunkBytes, total = (n + chunk - 1) / chunk;
+  const size_t first = total * part / parts, end = total * (part + 1) / parts;
+  const size_t offset = first * chunk;
+  return {offset, std::min(n, end * chunk) - offset, first, end - first};
+}
+
 // The production path (coordinator/coordinator.cc's Train stream): the same messages on the wire,
 // built by EncodeTensorBuffers (header serialized, data handed to gRPC as a slice of the source
 // buffer) with the chunk CRCs that ChunkCrcWriter computed while the coordinator packed the batch,
@@ -100,18 +117,28 @@ class ZeroCopyService : public flashdraft::v1::Coordinator::WithRawCallbackMetho
  public:
   ZeroCopyService(const std::vector<uint8_t>& bytes, std::vector<uint32_t> crcs)
       : bytes_(bytes), crcs_(std::move(crcs)) {}
-  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchTensors(grpc::CallbackServerContext*,
-                                                           const grpc::ByteBuffer*) override {
+  // The request's names, when given, are {part, parts}: send that share of the chunks (one of
+  // several connections' streams).
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchTensors(
+      grpc::CallbackServerContext*, const grpc::ByteBuffer* request) override {
     // As the coordinator's Train session: the step's messages are encoded, then queued on a
     // QueuedWriter that keeps one write in flight.
     class Writer : public flashdraft::QueuedWriter<grpc::ServerWriteReactor<grpc::ByteBuffer>> {
       void OnDone() override { delete this; }
     };
+    flashdraft::v1::FetchTensorsRequest parsed;
+    int part = 0, parts = 1;
+    if (!flashdraft::BufferToMessage(*request, &parsed)) std::abort();
+    if (parsed.names_size() == 2) {
+      part = std::stoi(parsed.names(0));
+      parts = std::stoi(parsed.names(1));
+    }
+    const Part p = PartOf(bytes_.size(), part, parts);
     std::vector<grpc::ByteBuffer> buffers;
     const absl::Status s = flashdraft::EncodeTensorBuffers(
-        {"hidden_states", flashdraft::DType::kBF16, {static_cast<int64_t>(bytes_.size() / 2)}},
-        bytes_.data(), bytes_.size(), flashdraft::kDefaultMaxChunkBytes, nullptr, 0, &buffers,
-        crcs_);
+        {"hidden_states", flashdraft::DType::kBF16, {static_cast<int64_t>(p.bytes / 2)}},
+        bytes_.data() + p.offset, p.bytes, flashdraft::kDefaultMaxChunkBytes, nullptr, 0, &buffers,
+        absl::MakeConstSpan(crcs_).subspan(p.first_chunk, p.chunks));
     if (!s.ok()) std::abort();
     auto* writer = new Writer();
     for (grpc::ByteBuffer& b : buffers) writer->Send(std::move(b));
@@ -129,15 +156,21 @@ void Fail(const std::string& what) {
   std::exit(1);
 }
 
-double ZeroCopySeconds(const std::shared_ptr<grpc::Channel>& channel, std::vector<uint8_t>& dst) {
-  const auto t0 = Clock::now();
+// Receives part `part` of `parts` into its place in `dst`.
+void ReceivePart(const std::shared_ptr<grpc::Channel>& channel, int part, int parts,
+                 std::vector<uint8_t>& dst) {
   grpc::ClientContext ctx;
   flashdraft::v1::FetchTensorsRequest request;
+  if (parts > 1) {
+    request.add_names(std::to_string(part));
+    request.add_names(std::to_string(parts));
+  }
   flashdraft::RawClientStream reader(channel, "/flashdraft.v1.Coordinator/FetchTensors", &ctx);
   reader.Write(flashdraft::MessageToBuffer(request));
   reader.WritesDone();
+  uint8_t* at = dst.data() + PartOf(dst.size(), part, parts).offset;
   flashdraft::TensorAssembler assembler(
-      [&](const flashdraft::TensorSpec&, uint64_t) -> absl::StatusOr<void*> { return dst.data(); });
+      [&](const flashdraft::TensorSpec&, uint64_t) -> absl::StatusOr<void*> { return at; });
   // As in the worker: the receiving thread parses each chunk and assembles it as it arrives.
   grpc::ByteBuffer buffer;
   flashdraft::ReceivedChunk chunk;
@@ -147,6 +180,36 @@ double ZeroCopySeconds(const std::shared_ptr<grpc::Channel>& channel, std::vecto
     if (!s.ok()) Fail(std::string(s.message()));
   }
   if (!reader.Finish().ok() || !assembler.complete()) Fail("stream failed");
+}
+
+// CPU seconds (user + system) used so far by this process and by process `other`.
+double CpuSeconds(pid_t other) {
+  struct rusage self;
+  getrusage(RUSAGE_SELF, &self);
+  auto tv = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  double total = tv(self.ru_utime) + tv(self.ru_stime);
+  FILE* f = std::fopen(("/proc/" + std::to_string(other) + "/stat").c_str(), "r");
+  unsigned long utime = 0, stime = 0;
+  // Fields 14 and 15 of /proc/PID/stat; the command name (field 2) has no spaces here.
+  if (f == nullptr || std::fscanf(f, "%*d %*s %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+                                  &utime, &stime) != 2) {
+    Fail("cannot read the sender's CPU time");
+  }
+  std::fclose(f);
+  return total + static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+}
+
+// One stream of `dst` over each channel at once (each carries its share of the chunks).
+double ZeroCopySeconds(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
+                       std::vector<uint8_t>& dst) {
+  const auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  const int parts = static_cast<int>(channels.size());
+  for (int i = 1; i < parts; ++i) {
+    threads.emplace_back([&, i] { ReceivePart(channels[i], i, parts, dst); });
+  }
+  ReceivePart(channels[0], 0, parts, dst);
+  for (std::thread& t : threads) t.join();
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
@@ -325,6 +388,7 @@ int main(int argc, char** argv) {
   size_t mib = 512;
   int repeats = 3;
   int tune_malloc = 1;
+  int connections = 1;
   bool serve = false;
   bool protobuf = true;
   std::string tls_dir;
@@ -332,10 +396,12 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--tls-dir") tls_dir = argv[i + 1];
     if (std::string(argv[i]) == "--mib") mib = std::stoul(argv[i + 1]);
     if (std::string(argv[i]) == "--repeats") repeats = std::stoi(argv[i + 1]);
+    if (std::string(argv[i]) == "--connections") connections = std::stoi(argv[i + 1]);
     if (std::string(argv[i]) == "--tune-malloc") tune_malloc = std::stoi(argv[i + 1]);
     if (std::string(argv[i]) == "--serve") serve = std::string(argv[i + 1]) == "1";
     if (std::string(argv[i]) == "--protobuf") protobuf = std::string(argv[i + 1]) == "1";
   }
+  if (connections < 1) Fail("--connections must be at least 1");
   const size_t n = mib << 20;
   if (serve) return Serve(n, tune_malloc != 0, tls_dir);
   int sender_stdin = -1;
@@ -348,21 +414,29 @@ int main(int argc, char** argv) {
   args.SetMaxReceiveMessageSize(kMaxMessage);
   auto stub = flashdraft::v1::Coordinator::NewStub(grpc::CreateCustomChannel(
       "127.0.0.1:" + std::to_string(ports[0]), grpc::InsecureChannelCredentials(), args));
-  auto zc_channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(ports[1]),
-                                              grpc::InsecureChannelCredentials(), args);
-  std::shared_ptr<grpc::Channel> tls_channel;
-  if (!tls_dir.empty()) {  // the worker's channel: mutual TLS and the job secret
-    flashdraft::ClientSecurity client;
-    client.tls_ca = tls_dir + "/ca.pem";
-    client.tls_cert = tls_dir + "/worker.pem";
-    client.tls_key = tls_dir + "/worker.key";
-    client.token_file = tls_dir + "/token";
-    auto channel = flashdraft::CreateSecureChannel("127.0.0.1:" + std::to_string(ports[3]), client);
-    if (!channel.ok()) Fail(std::string(channel.status().message()));
-    tls_channel = *channel;
+  // The worker's channels: plaintext, and with --tls-dir mutual TLS and the job secret; one
+  // connection each unless --connections asks for more.
+  flashdraft::ClientSecurity plain, tls;
+  if (!tls_dir.empty()) {
+    tls.tls_ca = tls_dir + "/ca.pem";
+    tls.tls_cert = tls_dir + "/worker.pem";
+    tls.tls_key = tls_dir + "/worker.key";
+    tls.token_file = tls_dir + "/token";
   }
+  std::vector<std::shared_ptr<grpc::Channel>> zc_channels, tls_channels;
+  for (int i = 0; i < connections; ++i) {
+    auto zc = flashdraft::CreateSecureChannel("127.0.0.1:" + std::to_string(ports[1]), plain, i);
+    if (!zc.ok()) Fail(std::string(zc.status().message()));
+    zc_channels.push_back(*zc);
+    if (tls_dir.empty()) continue;
+    auto secure = flashdraft::CreateSecureChannel("127.0.0.1:" + std::to_string(ports[3]), tls, i);
+    if (!secure.ok()) Fail(std::string(secure.status().message()));
+    tls_channels.push_back(*secure);
+  }
+  const bool with_tls = !tls_channels.empty();
 
   double grpc_best = 1e9, zc_best = 1e9, tcp_best = 1e9, tls_best = 1e9;
+  double zc_cpu = 0, tls_cpu = 0;  // CPU seconds of both processes over all repeats
   auto check = [&] {
     if (std::memcmp(src.data(), dst.data(), n) != 0) Fail("received bytes differ");
     std::fill(dst.begin(), dst.end(), 0);
@@ -371,26 +445,33 @@ int main(int argc, char** argv) {
     GrpcSeconds(*stub, dst);  // warm-up
     check();
   }
-  ZeroCopySeconds(zc_channel, dst);
+  ZeroCopySeconds(zc_channels, dst);
   check();
   TcpSeconds(ports[2], dst);
   check();
-  if (tls_channel) {
-    ZeroCopySeconds(tls_channel, dst);
+  if (with_tls) {
+    ZeroCopySeconds(tls_channels, dst);
     check();
   }
+  // Times one run of a path and adds the CPU both processes spent in it to `cpu`.
+  auto timed = [&](auto run, double& cpu) {
+    const double c0 = CpuSeconds(sender);
+    const double s = run();
+    cpu += CpuSeconds(sender) - c0;
+    check();
+    return s;
+  };
   for (int r = 0; r < repeats; ++r) {
     if (protobuf) {
       grpc_best = std::min(grpc_best, GrpcSeconds(*stub, dst));
       check();
     }
-    zc_best = std::min(zc_best, ZeroCopySeconds(zc_channel, dst));
-    check();
+    zc_best = std::min(zc_best, timed([&] { return ZeroCopySeconds(zc_channels, dst); }, zc_cpu));
     tcp_best = std::min(tcp_best, TcpSeconds(ports[2], dst));
     check();
-    if (tls_channel) {
-      tls_best = std::min(tls_best, ZeroCopySeconds(tls_channel, dst));
-      check();
+    if (with_tls) {
+      tls_best =
+          std::min(tls_best, timed([&] { return ZeroCopySeconds(tls_channels, dst); }, tls_cpu));
     }
   }
   close(sender_stdin);
@@ -401,14 +482,17 @@ int main(int argc, char** argv) {
               tune_malloc ? "yes (as flashdraft-worker)" : "no");
   std::printf("loopback streaming of %zu MiB, sender in its own process, best of %d\n", mib,
               repeats);
-  std::printf("%-40s %8s %8s %10s\n", "path", "s", "GB/s", "vs TCP");
+  std::printf("gRPC paths over %d connection(s); CPU: core-seconds of both processes per GB\n",
+              connections);
+  std::printf("%-40s %8s %8s %10s %8s\n", "path", "s", "GB/s", "vs TCP", "CPU s/GB");
   std::printf("%-40s %8.3f %8.2f %9.0f%%\n", "raw TCP socket (peer)", tcp_best, gb / tcp_best,
               100.0);
-  std::printf("%-40s %8.3f %8.2f %9.0f%%\n", "gRPC zero-copy chunks (flashdraft)", zc_best,
-              gb / zc_best, 100.0 * tcp_best / zc_best);
-  if (tls_channel) {
-    std::printf("%-40s %8.3f %8.2f %9.0f%%\n", "gRPC zero-copy chunks, mutual TLS + token",
-                tls_best, gb / tls_best, 100.0 * tcp_best / tls_best);
+  std::printf("%-40s %8.3f %8.2f %9.0f%% %8.2f\n", "gRPC zero-copy chunks (flashdraft)", zc_best,
+              gb / zc_best, 100.0 * tcp_best / zc_best, zc_cpu / (gb * repeats));
+  if (with_tls) {
+    std::printf("%-40s %8.3f %8.2f %9.0f%% %8.2f\n", "gRPC zero-copy chunks, mutual TLS + token",
+                tls_best, gb / tls_best, 100.0 * tcp_best / tls_best, tls_cpu / (gb * repeats));
+    std::printf("TLS / plaintext: %.2f\n", zc_best / tls_best);
   }
   if (protobuf) {
     std::printf("%-40s %8.3f %8.2f %9.0f%%\n", "gRPC protobuf TensorChunk messages", grpc_best,

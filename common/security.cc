@@ -235,8 +235,10 @@ absl::StatusOr<ClientSecurity> ClientSecurityFromJob(const std::string& job_path
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateSecureChannel(const std::string& address,
-                                                                   const ClientSecurity& s) {
+                                                                   const ClientSecurity& s,
+                                                                   int connection) {
   grpc::ChannelArguments args = ClientChannelArguments();
+  if (connection != 0) args.SetInt("flashdraft.connection", connection);
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (s.tls()) {
     grpc::SslCredentialsOptions options;

@@ -55,8 +55,11 @@ absl::StatusOr<ClientSecurity> ClientSecurityFromJob(const std::string& job_path
 
 // A channel to `address` with these credentials (and the shared keepalive and size settings);
 // errors name the file that is wrong.
+// Channels of equal settings share one TCP (and TLS) connection in gRPC; channels made with
+// different `connection` numbers each get their own.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateSecureChannel(const std::string& address,
-                                                                   const ClientSecurity& security);
+                                                                   const ClientSecurity& security,
+                                                                   int connection = 0);
 
 // --- The coordinator ---
 

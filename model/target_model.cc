@@ -214,9 +214,13 @@ absl::StatusOr<TargetOutput> TargetModel::Forward(const torch::Tensor& input_ids
   auto [cos, sin] = RopeTablesFromInvFreq(torch::arange(past, past + s, positions), inv_freq_);
   cos = cos.to(dtype);
   sin = sin.to(dtype);
-  // Only the requested layers' outputs are kept (a real target has dozens of [S, H] layers).
+  // Only the requested layers' outputs are kept (a real target has dozens of [S, H] layers), and
+  // without logits or a cache to fill, the layers past the deepest requested one are not run.
   std::vector<torch::Tensor> outputs(c.num_hidden_layers);
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+  const int64_t run_layers = with_logits || cache != nullptr || layer_ids.empty()
+                                 ? c.num_hidden_layers
+                                 : *std::max_element(layer_ids.begin(), layer_ids.end()) + 1;
+  for (int64_t i = 0; i < run_layers; ++i) {
     x = DecoderLayer(i, x, cos, sin, cache);
     if (std::find(layer_ids.begin(), layer_ids.end(), i) != layer_ids.end()) outputs[i] = x;
   }

@@ -139,6 +139,12 @@ TEST(TargetModelTest, TiledForwardEqualsDenseWithAndWithoutCache) {
   ASSERT_TRUE(got.ok());
   EXPECT_LE(RelativeError(got->features, want->features), 1e-5);
   EXPECT_LE(RelativeError(got->logits, want->logits), 1e-5);
+  // Without logits the layers past the deepest requested one are skipped: the same features.
+  ASSERT_GT(config.num_hidden_layers, 1);
+  auto all_layers = model->Forward(ids, {0}, true);
+  auto first_layer_only = model->Forward(ids, {0}, false);
+  ASSERT_TRUE(all_layers.ok() && first_layer_only.ok());
+  EXPECT_TRUE(torch::equal(first_layer_only->features, all_layers->features));
   // Prefill then a block of 16 and single tokens on the cache, as verification and decoding do.
   KvCache cache;
   std::vector<torch::Tensor> feats;

@@ -5,14 +5,25 @@
 namespace flashdraft {
 namespace {
 
-int64_t RowsPerChunk(int64_t vocab, int64_t chunk_logit_bytes) {
-  return std::max<int64_t>(1, chunk_logit_bytes / std::max<int64_t>(1, vocab * 4));
+int64_t RowsPerChunk(int64_t vocab, int64_t chunk_logit_bytes, int64_t min_rows) {
+  return std::max<int64_t>({1, min_rows, chunk_logit_bytes / std::max<int64_t>(1, vocab * 4)});
 }
 
-// The gradient is formed in forward, chunk by chunk, while each chunk's logits exist: d(Σ w·CE)/dh
-// =
-// ((softmax − onehot) · w) · head, an [R, H] tensor, so backward is a scaling and no logits are
-// kept or recomputed (as many matmuls as the unfused version, a fraction of its memory).
+// One chunk's fp32 logits h · headᵀ. In fp32 they are written into `buffer` (made on the first
+// chunk), so a call allocates its largest tensor once instead of a fresh block per chunk that the
+// kernel page-faults and zeroes again (155 MB a chunk at Qwen3's vocabulary).
+torch::Tensor ChunkLogits(torch::ScalarType compute, const torch::Tensor& h,
+                          const torch::Tensor& head, int64_t rows_per_chunk,
+                          torch::Tensor& buffer) {
+  if (compute != torch::kFloat32) return MatmulIn(compute, h, head.t());
+  if (!buffer.defined()) buffer = torch::empty({rows_per_chunk, head.size(0)}, h.options());
+  torch::Tensor logits = buffer.narrow(0, 0, h.size(0));
+  return torch::mm_out(logits, h, head.t());
+}
+
+// The gradient is formed in forward, chunk by chunk, while each chunk's logits exist:
+// d(Σ w·CE)/dh = ((softmax − onehot) · w) · head, an [R, H] tensor, so backward is a scaling and no
+// logits are kept or recomputed (as many matmuls as the unfused version, a fraction of its memory).
 class ChunkedCrossEntropyFunction : public torch::autograd::Function<ChunkedCrossEntropyFunction> {
  public:
   // Returns {Σ w·CE, hits}; hits carry no gradient.
@@ -20,16 +31,18 @@ class ChunkedCrossEntropyFunction : public torch::autograd::Function<ChunkedCros
                                                 const torch::Tensor& hidden,
                                                 const torch::Tensor& head,
                                                 const torch::Tensor& labels,
-                                                const torch::Tensor& weights, int64_t chunk_bytes,
+                                                const torch::Tensor& weights, int64_t chunk_rows,
                                                 bool with_grad, int64_t compute_dtype) {
     const auto compute = static_cast<torch::ScalarType>(compute_dtype);
-    const int64_t rows = hidden.size(0), step = RowsPerChunk(head.size(0), chunk_bytes);
+    const int64_t rows = hidden.size(0), step = chunk_rows;
     torch::Tensor total = torch::zeros({}, hidden.options());
     torch::Tensor hits = torch::empty({rows}, labels.options());
     torch::Tensor d_hidden = with_grad ? torch::empty_like(hidden) : torch::Tensor();
+    torch::Tensor buffer;
     for (int64_t r0 = 0; r0 < rows; r0 += step) {
       const int64_t n = std::min(step, rows - r0);
-      torch::Tensor logits = MatmulIn(compute, hidden.narrow(0, r0, n), head.t());
+      torch::Tensor logits =
+          ChunkLogits(compute, hidden.narrow(0, r0, n), head, std::min(step, rows), buffer);
       const torch::Tensor lse = torch::logsumexp(logits, -1, /*keepdim=*/true);
       const torch::Tensor label = labels.narrow(0, r0, n).unsqueeze(1);
       const torch::Tensor w = weights.narrow(0, r0, n).unsqueeze(1);
@@ -59,9 +72,11 @@ class ChunkedCrossEntropyFunction : public torch::autograd::Function<ChunkedCros
 
 WeightedCrossEntropy ChunkedWeightedCrossEntropy(
     const torch::Tensor& hidden, const torch::Tensor& head, const torch::Tensor& labels,
-    const torch::Tensor& weights, torch::ScalarType compute, int64_t chunk_logit_bytes) {
+    const torch::Tensor& weights, torch::ScalarType compute, int64_t chunk_logit_bytes,
+    int64_t min_chunk_rows) {
   auto out = ChunkedCrossEntropyFunction::apply(
-      hidden, head.detach(), labels, weights.detach(), chunk_logit_bytes,
+      hidden, head.detach(), labels, weights.detach(),
+      RowsPerChunk(head.size(0), chunk_logit_bytes, min_chunk_rows),
       hidden.requires_grad() && torch::GradMode::is_enabled(), static_cast<int64_t>(compute));
   return {out[0], out[1]};
 }

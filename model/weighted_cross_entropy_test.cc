@@ -16,7 +16,7 @@ TEST(WeightedCrossEntropyTest, ChunkedMatchesDenseValueAndGradient) {
     torch::Tensor h1 = torch::randn({rows, hidden}, torch::kFloat64).requires_grad_(true);
     torch::Tensor h2 = h1.detach().clone().requires_grad_(true);
     WeightedCrossEntropy got =
-        ChunkedWeightedCrossEntropy(h1, head, labels, weights, torch::kFloat32, chunk_bytes);
+        ChunkedWeightedCrossEntropy(h1, head, labels, weights, torch::kFloat32, chunk_bytes, 1);
     const torch::Tensor logits = torch::matmul(h2, head.t());
     const torch::Tensor want =
         (weights * torch::nn::functional::cross_entropy(
