@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "model/loss_chunks.h"
 
 namespace flashdraft {
 namespace {
@@ -106,10 +107,7 @@ ProcessMemory WorkerMemory(const JobConfig& job, const MemoryInputs& in, int wor
       gpu);
   const int64_t attention =
       std::min(kDrafterChunkBytes, micro * d.num_attention_heads * rows * (s + d.block_size) * 4);
-  // A loss chunk is 64 MiB of logits but at least 256 rows (model/weighted_cross_entropy.h).
-  const int64_t loss_rows =
-      std::min(rows, std::max<int64_t>(256, kDrafterChunkBytes / (d.vocab_size * 4)));
-  const int64_t loss = loss_rows * d.vocab_size * 4;
+  const int64_t loss = std::min(rows, LossChunkRows(d.vocab_size)) * d.vocab_size * 4;
   Add(w, "attention and loss chunks", 4 * attention + 3 * loss + 2 * rows * h * 4, gpu);
   Add(w, "received features", 2 * micro * s * d.feature_size() * 4);
   Add(w, "gradient all-reduce buckets",

@@ -5,10 +5,6 @@
 namespace flashdraft {
 namespace {
 
-int64_t RowsPerChunk(int64_t vocab, int64_t chunk_logit_bytes, int64_t min_rows) {
-  return std::max<int64_t>({1, min_rows, chunk_logit_bytes / std::max<int64_t>(1, vocab * 4)});
-}
-
 // One chunk's fp32 logits h · headᵀ. In fp32 they are written into `buffer` (made on the first
 // chunk), so a call allocates its largest tensor once instead of a fresh block per chunk that the
 // kernel page-faults and zeroes again (155 MB a chunk at Qwen3's vocabulary).
@@ -76,7 +72,7 @@ WeightedCrossEntropy ChunkedWeightedCrossEntropy(
     int64_t min_chunk_rows) {
   auto out = ChunkedCrossEntropyFunction::apply(
       hidden, head.detach(), labels, weights.detach(),
-      RowsPerChunk(head.size(0), chunk_logit_bytes, min_chunk_rows),
+      LossChunkRows(head.size(0), chunk_logit_bytes, min_chunk_rows),
       hidden.requires_grad() && torch::GradMode::is_enabled(), static_cast<int64_t>(compute));
   return {out[0], out[1]};
 }

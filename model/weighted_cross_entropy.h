@@ -6,9 +6,9 @@
 
 #include <torch/torch.h>
 
-namespace flashdraft {
+#include "model/loss_chunks.h"
 
-inline constexpr int64_t kMinLossChunkRows = 256;
+namespace flashdraft {
 
 struct WeightedCrossEntropy {
   torch::Tensor weighted_sum;  // scalar Σ w·CE, differentiable in `hidden`
@@ -17,13 +17,11 @@ struct WeightedCrossEntropy {
 
 // hidden [R, H] (differentiable), head [V, H] (frozen), labels [R] int64, weights [R].
 // `compute`: the dtype of the products (model/precision.h; logits, softmax and the sum stay fp32).
-// One chunk holds chunk_logit_bytes of fp32 logits, but at least `min_chunk_rows` rows: below a few
-// hundred rows the head's matmul loses a quarter of the GEMM rate (on 2 cores at vocabulary
-// 151,936: 142 GFLOP/s at 110 rows, 173 at 440), so at a large vocabulary a chunk is 256 rows
-// (155 MB at Qwen3's) rather than 64 MiB's 110.
+// One chunk holds LossChunkRows(vocab, chunk_logit_bytes, min_chunk_rows) rows
+// (model/loss_chunks.h).
 WeightedCrossEntropy ChunkedWeightedCrossEntropy(
     const torch::Tensor& hidden, const torch::Tensor& head, const torch::Tensor& labels,
     const torch::Tensor& weights, torch::ScalarType compute = torch::kFloat32,
-    int64_t chunk_logit_bytes = int64_t{64} << 20, int64_t min_chunk_rows = kMinLossChunkRows);
+    int64_t chunk_logit_bytes = kLossChunkLogitBytes, int64_t min_chunk_rows = kMinLossChunkRows);
 
 }  // namespace flashdraft
