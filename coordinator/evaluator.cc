@@ -10,7 +10,7 @@
 
 namespace flashdraft {
 
-absl::StatusOr<Coordinator::Evaluator> MakeEvaluator(const JobConfig& job) {
+absl::StatusOr<CheckpointPipeline::Evaluator> MakeEvaluator(const JobConfig& job) {
   struct State {
     std::unique_ptr<TargetModel> target;
     EvalPrompts prompts;
@@ -23,7 +23,7 @@ absl::StatusOr<Coordinator::Evaluator> MakeEvaluator(const JobConfig& job) {
   state->options.max_new_tokens = job.eval.max_new_tokens;
   state->options.block_size = job.eval.block_size;
   state->options.stop_ids = state->prompts.stop_ids;
-  return Coordinator::Evaluator(
+  return CheckpointPipeline::Evaluator(
       [state](const std::string& checkpoint_dir) -> absl::StatusOr<EvalSummary> {
         torch::NoGradGuard no_grad;
         FD_ASSIGN_OR_RETURN(Drafter drafter, LoadDrafterForTarget(checkpoint_dir, *state->target));

@@ -18,6 +18,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/evaluator.h"
 #include "coordinator/initial_weights.h"
+#include "coordinator/sources/shard_source.h"
 #include "coordinator/sources/target_source.h"
 #include "model/memory_estimate.h"
 #include "model/numeric_probe.h"
@@ -85,16 +86,19 @@ int main(int argc, char** argv) {
       return Fail(s);
     }
   }
-  auto coordinator = flashdraft::Coordinator::Create(
-      *job, flashdraft::WriteInitialWeights,
-      [](const flashdraft::JobConfig& j) -> absl::StatusOr<flashdraft::SourceBundle> {
-        if (j.data.source == "target") return flashdraft::OpenTargetSource(j);
-        return flashdraft::Coordinator::OpenShardSource(j);
-      },
-      std::move(numerics));
+  flashdraft::CoordinatorOptions options;
+  options.job = *job;
+  options.initial_weights = flashdraft::WriteInitialWeights;
+  options.open_source = [](const flashdraft::JobConfig& j) {
+    return j.data.source == "target" ? flashdraft::OpenTargetSource(j)
+                                     : flashdraft::OpenShardBundle(j);
+  };
+  options.own_numerics = std::move(numerics);
+  auto coordinator = flashdraft::Coordinator::Create(std::move(options));
   if (!coordinator.ok()) return Fail(coordinator.status());
   if (job->eval.every_steps > 0) {
-    absl::StatusOr<flashdraft::Coordinator::Evaluator> evaluator = flashdraft::MakeEvaluator(*job);
+    absl::StatusOr<flashdraft::CheckpointPipeline::Evaluator> evaluator =
+        flashdraft::MakeEvaluator(*job);
     if (!evaluator.ok()) return Fail(evaluator.status());
     (*coordinator)->SetEvaluator(*std::move(evaluator));
   }

@@ -1,6 +1,7 @@
 #include "coordinator/membership.h"
 
 #include <algorithm>
+#include <limits>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -143,6 +144,21 @@ std::vector<Expiry> Membership::Expired() const {
     }
   }
   return gone;
+}
+
+double Membership::NextExpiry() const {
+  double next = std::numeric_limits<double>::infinity();
+  for (const auto& [token, m] : members_) {
+    if (m.state == MemberState::kJoined) {
+      next = std::min(next, m.since + options_.bind_timeout_seconds);
+      continue;
+    }
+    next = std::min(next, m.last_heard + options_.heartbeat_timeout_seconds);
+    if (m.state == MemberState::kActive && m.busy && m.progress_at > 0) {
+      next = std::min(next, m.progress_at + options_.stall_timeout_seconds);
+    }
+  }
+  return next;
 }
 
 bool Membership::Changed() const {

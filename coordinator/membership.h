@@ -1,13 +1,13 @@
-// Who trains (DESIGN.md §2, "Membership"). A worker gets a token at Join, binds it to its Train
-// stream (ready), becomes a member with a rank when an epoch starts (active), and leaves as lost
-// (stream broken, heartbeat missed, fatal error) or drained. Any change of the active set starts a
-// new epoch at the next step boundary: the survivors keep their order and get ranks 0..k-1, ready
-// workers follow, up to max_workers; below min_workers the job pauses instead of training. Ranks
-// are leased to live streams: a token nobody binds within bind_timeout expires, and a worker that
-// comes back simply joins again.
+// Who trains (docs/ARCHITECTURE.md, "Membership"). A worker gets a token at Join, binds it to its
+// Train stream (ready), becomes a member with a rank when an epoch starts (active), and leaves as
+// lost (stream broken, heartbeat missed, fatal error) or drained. Any change of the active set
+// starts a new epoch at the next step boundary: the survivors keep their order and get ranks
+// 0..k-1, ready workers follow, up to max_workers; below min_workers the job pauses instead of
+// training. Ranks are leased to live streams: a token nobody binds within bind_timeout expires, and
+// a worker that comes back simply joins again.
 //
-// Pure logic with an injected clock (tests use a FakeClock); not thread-safe: the coordinator calls
-// it under its own lock.
+// Pure logic with an injected clock (tests use a FakeClock); not thread-safe: MembershipController
+// (coordinator/membership_controller.h) calls it under its lock.
 #pragma once
 
 #include <cstdint>
@@ -100,6 +100,9 @@ class Membership {
   // tokens not bound within the bind timeout: the caller removes them (and closes their streams)
   // like any loss.
   std::vector<Expiry> Expired() const;
+  // The earliest time at which Expired() can name someone who is a member now (infinity: nobody):
+  // when the waits of the step protocol must look again.
+  double NextExpiry() const;
   // Makes the next step boundary start a new epoch with the same members (a failed collective
   // that no loss explains).
   void RequestReform() { reform_requested_ = true; }

@@ -35,14 +35,14 @@ void RendezvousStore::PutLocked(const std::string& key, std::string value) {
 }
 
 absl::Status RendezvousStore::Set(const std::string& key, std::string value) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckRoomLocked(key, value.size()); !s.ok()) return s;
   PutLocked(key, std::move(value));
   return absl::OkStatus();
 }
 
 bool RendezvousStore::Get(const std::string& key, std::string* value) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = values_.find(key);
   if (it == values_.end()) return false;
   *value = it->second;
@@ -50,7 +50,7 @@ bool RendezvousStore::Get(const std::string& key, std::string* value) const {
 }
 
 absl::StatusOr<int64_t> RendezvousStore::Add(const std::string& key, int64_t delta) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   int64_t current = 0;
   if (auto it = values_.find(key); it != values_.end() && !absl::SimpleAtoi(it->second, &current)) {
     return absl::InvalidArgumentError(
@@ -68,7 +68,7 @@ absl::StatusOr<int64_t> RendezvousStore::Add(const std::string& key, int64_t del
 }
 
 bool RendezvousStore::Check(const std::vector<std::string>& keys) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const auto& k : keys) {
     if (values_.find(k) == values_.end()) return false;
   }
@@ -76,7 +76,7 @@ bool RendezvousStore::Check(const std::vector<std::string>& keys) const {
 }
 
 bool RendezvousStore::Delete(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = values_.find(key);
   if (it == values_.end()) return false;
   total_bytes_ -= key.size() + it->second.size();
@@ -85,12 +85,12 @@ bool RendezvousStore::Delete(const std::string& key) {
 }
 
 int64_t RendezvousStore::NumKeys() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(values_.size());
 }
 
 size_t RendezvousStore::DeletePrefix(const std::string& prefix) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   size_t n = 0;
   for (auto it = values_.lower_bound(prefix);
        it != values_.end() && it->first.compare(0, prefix.size(), prefix) == 0;) {

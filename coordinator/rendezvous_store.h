@@ -7,13 +7,13 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace flashdraft {
 
@@ -50,7 +50,7 @@ class RendezvousStore {
   void PutLocked(const std::string& key, std::string value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StoreLimits limits_;
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
   size_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // keys and values
 };

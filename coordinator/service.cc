@@ -1,9 +1,9 @@
 #include "coordinator/service.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/chunk_wire.h"
 #include "common/grpc_status.h"
 #include "common/tensor_codec.h"
-#include "coordinator/coordinator.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
 
 namespace flashdraft {
@@ -91,13 +91,13 @@ class CoordinatorServiceImpl
               v1::Coordinator::WithCallbackMethod_Status<v1::Coordinator::WithCallbackMethod_Store<
                   v1::Coordinator::WithCallbackMethod_Drain<v1::Coordinator::Service>>>>>> {
  public:
-  explicit CoordinatorServiceImpl(Coordinator* c) : c_(c) {}
+  explicit CoordinatorServiceImpl(ServiceParts parts) : p_(std::move(parts)) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* request,
                                  v1::JoinReply* reply) override {
     auto* reactor = ctx->DefaultReactor();
     if (Refused(*ctx, reactor)) return reactor;
-    c_->Join(*request, reply);
+    p_.controller->Join(*request, reply);
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
@@ -105,24 +105,24 @@ class CoordinatorServiceImpl
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Train(
       grpc::CallbackServerContext* ctx) override {
     using Refuse = Refusal<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>;
-    if (grpc::Status s = c_->security().Authenticate(*ctx); !s.ok()) return new Refuse(s);
-    return new TrainSession(c_);
+    if (grpc::Status s = p_.security->Authenticate(*ctx); !s.ok()) return new Refuse(s);
+    return new TrainSession(p_.controller, p_.streams);
   }
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchTensors(
       grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request_bytes) override {
     using Refuse = Refusal<grpc::ServerWriteReactor<grpc::ByteBuffer>>;
-    if (grpc::Status s = c_->security().Authenticate(*ctx); !s.ok()) return new Refuse(s);
+    if (grpc::Status s = p_.security->Authenticate(*ctx); !s.ok()) return new Refuse(s);
     v1::FetchTensorsRequest request;
     if (!BufferToMessage(*request_bytes, &request)) {
       return new Refuse(
           grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed FetchTensorsRequest"));
     }
-    if (!c_->ValidToken(request.session_token())) {
+    if (!p_.controller->Valid(request.session_token())) {
       return new Refuse(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown session token"));
     }
     absl::StatusOr<std::vector<FetchEntry>> entries =
-        c_->ResolveFetch({request.names().begin(), request.names().end()});
+        p_.catalog->Resolve({request.names().begin(), request.names().end()});
     if (!entries.ok()) return new Refuse(ToGrpcStatus(entries.status()));
     return NewFetchReactor(*std::move(entries));
   }
@@ -131,7 +131,7 @@ class CoordinatorServiceImpl
                                    v1::StatusReply* reply) override {
     auto* reactor = ctx->DefaultReactor();
     if (Refused(*ctx, reactor)) return reactor;
-    c_->FillStatus(reply);
+    p_.status(reply);
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
@@ -140,11 +140,11 @@ class CoordinatorServiceImpl
                                   v1::StoreReply* reply) override {
     auto* reactor = ctx->DefaultReactor();
     if (Refused(*ctx, reactor)) return reactor;
-    if (!c_->ValidToken(req->session_token())) {
+    if (!p_.controller->Valid(req->session_token())) {
       reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown session token"));
       return reactor;
     }
-    RendezvousStore& store = c_->store();
+    RendezvousStore& store = *p_.store;
     absl::Status status;
     switch (req->op_case()) {
       case v1::StoreRequest::kSet:
@@ -183,7 +183,7 @@ class CoordinatorServiceImpl
                                   v1::DrainReply* reply) override {
     auto* reactor = ctx->DefaultReactor();
     if (Refused(*ctx, reactor)) return reactor;
-    c_->Drain(*request, reply);
+    p_.controller->Drain(*request, reply);
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
@@ -191,43 +191,51 @@ class CoordinatorServiceImpl
  private:
   // A call without the job secret is finished here with UNAUTHENTICATED (true).
   bool Refused(grpc::CallbackServerContext& ctx, grpc::ServerUnaryReactor* reactor) {
-    grpc::Status s = c_->security().Authenticate(ctx);
+    grpc::Status s = p_.security->Authenticate(ctx);
     if (s.ok()) return false;
     reactor->Finish(std::move(s));
     return true;
   }
 
-  Coordinator* c_;
+  ServiceParts p_;
 };
 
 }  // namespace
 
-TrainSession::TrainSession(Coordinator* coordinator) : coordinator_(coordinator) {
-  coordinator_->StreamOpened(this);
+TrainSession::TrainSession(MembershipController* controller, StreamRegistry* streams)
+    : controller_(controller), streams_(streams) {
+  streams_->Opened(this);
+  controller_->StreamOpened();  // its bind deadline
   StartRead(&in_bytes_);
+}
+
+void TrainSession::Ended(const std::string& why) {
+  const std::string token = streams_->Ended(this);
+  if (!token.empty()) controller_->Lost(token, why);
 }
 
 void TrainSession::OnReadDone(bool ok) {
   if (!ok) {
-    coordinator_->SessionEnded(this, "the worker closed its stream");
+    Ended("the worker closed its stream");
     FinishAfterWrites(grpc::Status::OK);
     return;
   }
   if (!BufferToMessage(in_bytes_, &in_)) {
-    if (!token_.empty()) coordinator_->OnWorkerError(token_, "sent a malformed WorkerMessage");
+    if (!token_.empty()) controller_->Lost(token_, "failed: sent a malformed WorkerMessage");
     FinishAfterWrites(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed WorkerMessage"));
     return;
   }
   if (token_.empty()) {
     // The first message identifies the worker and binds its token to this stream.
-    absl::Status bound = coordinator_->SessionStarted(this, in_.session_token());
+    absl::Status bound = controller_->Bind(in_.session_token(),
+                                           [this] { streams_->Attach(this, in_.session_token()); });
     if (!bound.ok()) {
       FinishAfterWrites(ToGrpcStatus(bound));
       return;
     }
     token_ = in_.session_token();
   } else if (in_.session_token() != token_) {
-    coordinator_->OnWorkerError(token_, "changed its session token on its stream");
+    controller_->Lost(token_, "failed: changed its session token on its stream");
     FinishAfterWrites(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "token changed"));
     return;
   }
@@ -238,25 +246,25 @@ void TrainSession::OnReadDone(bool ok) {
 void TrainSession::Dispatch() {
   switch (in_.kind_case()) {
     case v1::WorkerMessage::kAck:
-      coordinator_->OnAck(token_, in_.ack());
+      controller_->OnAck(token_, in_.ack());
       break;
     case v1::WorkerMessage::kHeartbeat:
-      coordinator_->OnHeartbeat(token_, in_.heartbeat());
+      controller_->OnHeartbeat(token_, in_.heartbeat());
       break;
     case v1::WorkerMessage::kError:
-      coordinator_->OnWorkerError(token_, in_.error());
+      controller_->Lost(token_, absl::StrCat("failed: ", in_.error()));
       break;
     case v1::WorkerMessage::kCheckpoint:
-      coordinator_->OnCheckpointUpload(token_, in_.checkpoint());
+      controller_->OnCheckpointUpload(token_, in_.checkpoint());
       break;
     case v1::WorkerMessage::kTensorChunk:
-      coordinator_->OnCheckpointChunk(token_, in_.tensor_chunk());
+      controller_->OnCheckpointChunk(token_, in_.tensor_chunk());
       break;
     case v1::WorkerMessage::kCollectiveFailure:
-      coordinator_->OnCollectiveFailure(token_, in_.collective_failure());
+      controller_->OnCollectiveFailure(token_, in_.collective_failure());
       break;
     case v1::WorkerMessage::kLeave:
-      coordinator_->OnLeave(token_, in_.leave().reason());
+      controller_->OnLeave(token_, in_.leave().reason());
       break;
     default:
       break;
@@ -264,7 +272,7 @@ void TrainSession::Dispatch() {
 }
 
 void TrainSession::OnDone() {
-  coordinator_->SessionEnded(this, "the stream ended");
+  Ended("the stream ended");
   delete this;
 }
 
@@ -273,8 +281,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* NewFetchReactor(std::vector<FetchEnt
   return new FetchReactor(std::move(entries), max_chunk_bytes);
 }
 
-std::unique_ptr<grpc::Service> NewCoordinatorService(Coordinator* coordinator) {
-  return std::make_unique<CoordinatorServiceImpl>(coordinator);
+std::unique_ptr<grpc::Service> NewCoordinatorService(ServiceParts parts) {
+  return std::make_unique<CoordinatorServiceImpl>(std::move(parts));
 }
 
 }  // namespace flashdraft

@@ -48,7 +48,7 @@ absl::StatusOr<StepLog> StepLog::Open(const std::string& path, int64_t resume_st
 }
 
 void StepLog::WriteLine(const std::string& line) {
-  std::lock_guard<std::mutex> lock(*mu_);
+  absl::MutexLock lock(mu_.get());
   file_ << line << "\n";
   file_.flush();
 }

@@ -6,13 +6,13 @@
 #include <cstdint>
 #include <fstream>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace flashdraft {
 
@@ -63,7 +63,7 @@ class StepLog {
   void WriteLine(const std::string& line);
 
   std::string path_;
-  std::unique_ptr<std::mutex> mu_ = std::make_unique<std::mutex>();  // movable StepLog
+  std::unique_ptr<absl::Mutex> mu_ = std::make_unique<absl::Mutex>();  // movable StepLog
   std::ofstream file_ ABSL_GUARDED_BY(*mu_);
 };
 

@@ -33,6 +33,8 @@ for f in $FUZZERS; do
 done
 
 scripts/build.sh
+# clang's thread-safety analysis over the coordinator (about 1.5 min on 2 cores).
+scripts/thread_safety_check.sh
 # The GPU path (docs/GPU.md) is compiled wherever /usr/local/cuda has NCCL; its GPU tests skip here.
 if grep -q "^FLASHDRAFT_NCCL_INCLUDE\|^NCCL_INCLUDE_DIR:PATH=/" build/CMakeCache.txt; then
   echo "GPU path: compiled against $(sed -n 's/^NCCL_INCLUDE_DIR:PATH=//p' build/CMakeCache.txt)" \

@@ -206,4 +206,27 @@ absl::Status ShardWriter::Finish() {
   return WriteFileAtomically(dir_ + "/manifest.json", m.dump(2) + "\n");
 }
 
+absl::StatusOr<SourceBundle> OpenShardBundle(const JobConfig& j) {
+  if (j.data.source != "shards") {
+    return absl::UnimplementedError(
+        absl::StrCat("data.source '", j.data.source,
+                     "' needs the flashdraft-coordinator binary (this build "
+                     "of the coordinator library reads offline shards only)"));
+  }
+  SourceBundle b;
+  FD_ASSIGN_OR_RETURN(std::unique_ptr<ShardSource> shards, ShardSource::Open(j.data.shards_dir));
+  auto config_it = shards->metadata().find("drafter_config");
+  if (config_it == shards->metadata().end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(j.data.shards_dir,
+                     "/manifest.json: metadata has no \"drafter_config\" (the target's shape)"));
+  }
+  b.drafter_config_json = config_it->second;
+  b.drafter_config_label = j.data.shards_dir + "/manifest.json";
+  b.target_tensors_path = j.data.shards_dir + "/target.safetensors";
+  b.label = j.data.shards_dir + ": shards";
+  b.source = std::move(shards);
+  return b;
+}
+
 }  // namespace flashdraft

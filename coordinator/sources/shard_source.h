@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/job_config.h"
 #include "common/safetensors.h"
 #include "coordinator/sources/hidden_state_source.h"
 
@@ -84,5 +85,10 @@ class ShardWriter {
   std::vector<ShardInfo> written_;
   std::map<std::string, std::string> metadata_;
 };
+
+// data.source 'shards': the shards in job.data.shards_dir, the drafter config from its manifest's
+// metadata, the target's tensors from its target.safetensors. Other sources need the
+// flashdraft-coordinator binary (an UNIMPLEMENTED error says so).
+absl::StatusOr<SourceBundle> OpenShardBundle(const JobConfig& job);
 
 }  // namespace flashdraft

@@ -1,0 +1,252 @@
+#include "coordinator/step_driver.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/chunk_wire.h"
+#include "common/file_util.h"
+#include "common/shard_tree.h"
+#include "coordinator/step_encoder.h"
+#include "glog/logging.h"
+#include "model/dflash_math.h"
+
+namespace flashdraft {
+
+StepDriver::StepDriver(StepDriverOptions options, StepDriverParts parts)
+    : options_(std::move(options)),
+      p_(parts),
+      cadence_(options_.checkpoint_every_steps, options_.checkpoint_every_seconds,
+               options_.total_steps, *parts.clock),
+      step_(options_.start_step),
+      sent_(options_.start_step) {}
+
+absl::Status StepDriver::Run() {
+  start_ = p_.clock->Now();
+  step_start_ = start_;
+  State state = step_ < options_.total_steps ? State::kAwaitWorkers : State::kFinish;
+  while (state != State::kFinish) {
+    switch (state) {
+      case State::kAwaitWorkers:
+        state = AwaitWorkers();
+        break;
+      case State::kFormEpoch:
+        state = FormEpoch();
+        break;
+      case State::kStream:
+        state = Stream();
+        break;
+      case State::kAwaitAcks:
+        state = AwaitAcks();
+        break;
+      case State::kCommit:
+        state = Commit();
+        break;
+      case State::kFinish:
+        break;
+    }
+  }
+  return Finish();
+}
+
+StepDriver::State StepDriver::AwaitWorkers() {
+  // A new epoch at this step boundary: steps sent in the old one are sent again.
+  if (sent_ > step_) p_.metrics->StepsReissued(sent_ - step_);
+  if (epoch_ > 0 && ++reforms_at_step_ > options_.max_reforms_per_step) {
+    result_ = absl::UnavailableError(absl::StrCat("step ", step_, " failed in ",
+                                                  options_.max_reforms_per_step,
+                                                  " membership epochs in a row; giving up"));
+    return State::kFinish;
+  }
+  if (changed_at_ == 0 && epoch_ > 0) changed_at_ = p_.clock->Now();
+  result_ = p_.controller->AwaitWorkers([this] { p_.board->SetState(JobState::kPaused); });
+  return result_.ok() ? State::kFormEpoch : State::kFinish;
+}
+
+StepDriver::State StepDriver::FormEpoch() {
+  const Scheduler& scheduler = *p_.scheduler;
+  const EpochStart e = p_.controller->FormEpoch(step_, [&scheduler](int world_size) {
+    return ShardOffsets(scheduler.num_shards(world_size), world_size);
+  });
+  // The last epoch's group is abandoned: its rendezvous keys go.
+  if (epoch_ > 0) p_.store->DeletePrefix(absl::StrCat("epoch/", epoch_, "/"));
+  epoch_ = e.epoch;
+  world_size_ = e.world_size;
+  p_.board->SetState(JobState::kTraining);
+  LOG(INFO) << "membership epoch " << e.epoch << ": " << world_size_ << " worker(s) ["
+            << absl::StrJoin(e.worker_ids, ", ") << "] from step " << step_
+            << (e.needs_state_sync ? " (newcomers receive the state from rank 0)" : "");
+  FlushEvents();  // the admissions' numerics first
+  p_.step_log->WriteEvent({{"event", "membership"},
+                           {"membership_epoch", e.epoch},
+                           {"world_size", world_size_},
+                           {"workers", e.worker_ids},
+                           {"changes", e.changes},
+                           {"next_step", step_},
+                           {"unix_time", UnixSeconds()}});
+  sent_ = step_;
+  next_plan_.reset();
+  step_start_ = p_.clock->Now();
+  return State::kStream;
+}
+
+StepDriver::State StepDriver::Stream() {
+  // Keep `prefetch` steps queued at every worker so none waits on the source.
+  const int64_t prefetch = std::max(1, options_.prefetch_steps);
+  const int64_t total = options_.total_steps;
+  while (sent_ < total && sent_ <= step_ + prefetch) {
+    const StepPlan plan = next_plan_ && static_cast<int64_t>(next_plan_->step) == sent_
+                              ? std::move(*next_plan_)
+                              : p_.scheduler->Plan(static_cast<uint64_t>(sent_), world_size_);
+    next_plan_.reset();
+    result_ = SendStep(plan);
+    ++sent_;
+    if (!result_.ok()) return State::kFinish;
+    // The source may start on the step after the ones queued (an online target does).
+    if (sent_ < total) {
+      next_plan_ = p_.scheduler->Plan(static_cast<uint64_t>(sent_), world_size_);
+      std::vector<uint64_t> next;
+      for (const MicrobatchPlan& mb : next_plan_->shards) {
+        next.insert(next.end(), mb.samples.begin(), mb.samples.end());
+      }
+      p_.source->Prefetch(next);
+    }
+  }
+  return State::kAwaitAcks;
+}
+
+absl::Status StepDriver::SendStep(const StepPlan& plan) {
+  ShardAddress to;
+  to.membership_epoch = epoch_;
+  to.world_size = world_size_;
+  to.learning_rate = CosineLearningRate(options_.learning_rate, options_.warmup_steps,
+                                        options_.total_steps, static_cast<int64_t>(plan.step));
+  for (to.rank = 0; to.rank < world_size_; ++to.rank) {
+    for (int64_t shard = plan.shard_offsets[to.rank]; shard < plan.shard_offsets[to.rank + 1];
+         ++shard) {
+      std::vector<grpc::ByteBuffer> messages;
+      absl::Status s = EncodeShard(plan, shard, to, *p_.source, *p_.scheduler, &messages);
+      if (!s.ok()) return s;
+      p_.metrics->AddStreamBytes(p_.controller->SendToRank(to.rank, std::move(messages)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+StepDriver::State StepDriver::AwaitAcks() {
+  result_ = p_.controller->AwaitAcks(static_cast<uint64_t>(step_));
+  if (absl::IsAborted(result_)) {
+    LOG(WARNING) << result_.message() << "; re-forming the group";
+    result_ = absl::OkStatus();
+    return State::kAwaitWorkers;
+  }
+  return result_.ok() ? State::kCommit : State::kFinish;
+}
+
+StepDriver::State StepDriver::Commit() {
+  const std::string stop = p_.controller->stop_requested();
+  const uint64_t completed = static_cast<uint64_t>(step_ + 1);
+  const bool checkpoint =
+      !stop.empty() || cadence_.Due(step_) || p_.checkpoints->EvalDue(completed);
+  // One checkpoint at a time: the previous one is in before this commit asks for the next.
+  if (checkpoint) p_.checkpoints->Wait();
+  CommittedStep committed = p_.controller->Commit(static_cast<uint64_t>(step_), checkpoint);
+  reforms_at_step_ = 0;
+  if (!committed.record.ok()) {
+    result_ = committed.record.status();
+    return State::kFinish;
+  }
+  Record(*committed.record);
+  if (checkpoint) {
+    // Written on the pipeline's thread: training goes on while rank 0 uploads and the files are
+    // fsynced.
+    p_.checkpoints->Start(completed);
+    cadence_.Taken();
+  }
+  if (p_.controller->AnyLeaving()) {
+    // Workers leave at this boundary, once a checkpoint their upload may be part of is in.
+    p_.checkpoints->Wait();
+    p_.controller->ReleaseLeaving();
+  }
+  Report(*committed.record);
+  ++step_;
+  if (!stop.empty()) {
+    stopped_ = absl::StrCat(stop, ": stopped after step ", step_, " of ", options_.total_steps,
+                            " (resume with --resume)");
+    return State::kFinish;
+  }
+  if (step_ >= options_.total_steps) return State::kFinish;
+  return p_.controller->Changed() ? State::kAwaitWorkers : State::kStream;
+}
+
+void StepDriver::Record(StepRecord& r) {
+  r.step_seconds = p_.clock->Now() - step_start_;
+  r.learning_rate = CosineLearningRate(options_.learning_rate, options_.warmup_steps,
+                                       options_.total_steps, step_);
+  // The record first: a crash while checkpointing must not lose the step from steps.jsonl.
+  p_.step_log->Write(r);
+  p_.metrics->RecordStep(r);
+  if (changed_at_ > 0) {
+    const double recovery = p_.clock->Now() - changed_at_;
+    p_.metrics->RecordRecovery(recovery);
+    p_.step_log->WriteEvent({{"event", "recovered"},
+                             {"membership_epoch", epoch_},
+                             {"committed_step", step_},
+                             {"recovery_seconds", recovery},
+                             {"unix_time", UnixSeconds()}});
+    changed_at_ = 0;
+  }
+}
+
+void StepDriver::Report(const StepRecord& r) {
+  const double now = p_.clock->Now();
+  step_start_ = now;
+  const int64_t total = options_.total_steps;
+  const double eta = (now - start_) / (step_ + 1 - options_.start_step) * (total - step_ - 1);
+  p_.board->Committed(r, eta);
+  const int64_t print_every = std::max<int64_t>(1, total / 20);
+  if ((step_ + 1) % print_every == 0 || step_ == 0 || step_ + 1 == total) {
+    LOG(INFO) << absl::StrFormat(
+        "step %d/%d  loss %.4f  tau %.3f  acc@1 %.3f  %.0f tok/s  wait %.1f%%  W %d  ETA %.0fs",
+        step_ + 1, total, r.loss, r.TauEstimate(),
+        r.SlotAccuracy().empty() ? 0.0 : r.SlotAccuracy()[0],
+        r.tokens / std::max(1e-9, r.step_seconds),
+        100.0 * r.max_wait_seconds / std::max(1e-9, r.step_seconds), world_size_, eta);
+  }
+}
+
+absl::Status StepDriver::Finish() {
+  if (!result_.ok()) p_.checkpoints->Cancel(result_);
+  p_.checkpoints->Wait();  // the last checkpoint is on disk before the workers go
+  if (absl::Status failure = p_.controller->failure(); result_.ok() && !failure.ok()) {
+    result_ = failure;  // e.g. that checkpoint failed
+  }
+  const bool finished = result_.ok() && stopped_.empty();
+  if (result_.ok()) p_.checkpoints->DrainEvaluations();
+  // The export, from the last step's checkpoint: on the coordinator's disk, whichever host rank 0
+  // ran on.
+  if (finished && !options_.export_dir.empty()) {
+    result_ = p_.checkpoints->ExportFinal(options_.total_steps, options_.export_dir);
+  }
+  v1::CoordinatorMessage shutdown;
+  shutdown.mutable_shutdown()->set_reason(!result_.ok() ? std::string(result_.message())
+                                          : finished    ? "job finished"
+                                                        : stopped_);
+  shutdown.mutable_shutdown()->set_job_finished(finished);
+  p_.board->SetState(!result_.ok() ? JobState::kFailed
+                     : finished    ? JobState::kDone
+                                   : JobState::kStopped);
+  p_.controller->Finish(MessageToBuffer(shutdown));
+  FlushEvents();  // admissions since the last epoch began
+  if (finished && result_.ok()) LOG(INFO) << "job finished: " << options_.total_steps << " steps";
+  if (result_.ok() && !finished) LOG(WARNING) << stopped_;
+  return result_;
+}
+
+void StepDriver::FlushEvents() {
+  for (const nlohmann::json& e : p_.controller->TakeEvents()) p_.step_log->WriteEvent(e);
+}
+
+}  // namespace flashdraft

@@ -1,0 +1,30 @@
+// The data plane of one step: each shard of a StepPlan as the Microbatch header and tensor chunks
+// its rank receives. A function of the plan, the epoch and the data; it sends nothing.
+#pragma once
+
+#include <grpcpp/support/byte_buffer.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/sources/hidden_state_source.h"
+
+namespace flashdraft {
+
+// Who a shard goes to and how that step trains.
+struct ShardAddress {
+  uint64_t membership_epoch = 0;
+  int rank = 0;
+  int world_size = 0;
+  double learning_rate = 0;
+};
+
+// Appends shard `shard` of `plan` to `messages`: its Microbatch header, then its right-padded
+// [b, S] batch of samples (read from `source`, truncated and given anchors by `scheduler`).
+absl::Status EncodeShard(const StepPlan& plan, int64_t shard, const ShardAddress& to,
+                         const HiddenStateSource& source, const Scheduler& scheduler,
+                         std::vector<grpc::ByteBuffer>* messages);
+
+}  // namespace flashdraft
