@@ -1,15 +1,10 @@
 #include "cli/launch.h"
 
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,12 +12,17 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <mutex>
-#include <thread>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cli/launch_console.h"
+#include "cli/posix_process_launcher.h"
+#include "cli/stop_signal.h"
+#include "cli/supervisor.h"
+#include "common/clock.h"
 #include "common/file_util.h"
 #include "common/job_config.h"
 #include "common/security.h"
@@ -31,47 +31,9 @@
 namespace flashdraft {
 namespace {
 
-std::atomic<int> g_signal{0};
-
-void OnSignal(int sig) { g_signal = sig; }
-
-struct Child {
-  std::string name;
-  pid_t pid = -1;
-  int out_fd = -1;
-  std::string partial;  // an incomplete last line
-  std::ofstream log;
-  bool exited = false;
-  int exit_code = -1;
-  int term_signal = 0;            // the signal that ended it, if one did
-  std::vector<std::string> argv;  // to start it again
-  int restarts = 0;               // how many times this worker was started again
-  bool replaced = false;          // a newer process runs in its place
-  std::chrono::steady_clock::time_point restart_at{};  // when to start it again (if set)
-};
-
-// Starts `argv` with stdout+stderr into a pipe, in its own process group (so that a terminal's
-// Ctrl-C reaches only the launcher, which stops the children in order).
-bool Spawn(Child& child, const std::vector<std::string>& argv) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return false;
-  pid_t pid = fork();
-  if (pid < 0) return false;
-  if (pid == 0) {
-    setpgid(0, 0);
-    dup2(fds[1], STDOUT_FILENO);
-    dup2(fds[1], STDERR_FILENO);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    std::fprintf(stderr, "exec %s failed: %s\n", args[0], std::strerror(errno));
-    _exit(127);
-  }
-  close(fds[1]);
-  child.pid = pid;
-  child.out_fd = fds[0];
-  return true;
+int Fail(const std::string& what) {
+  std::cerr << "flashdraft launch: error: " << what << "\n";
+  return 1;
 }
 
 // `flashdraft-worker --probe`: what the worker binary can run, "key: value" per line.
@@ -152,19 +114,14 @@ absl::Status CheckLaunchMemory(const JobConfig& job, const LaunchOptions& o) {
   return CheckJobFits(memory, AvailableHostMemory(), "this machine");
 }
 
-}  // namespace
-
-int Launch(const LaunchOptions& o) {
-  auto fail = [](const std::string& what) {
-    std::cerr << "flashdraft launch: error: " << what << "\n";
-    return 1;
-  };
-  if (o.workers < 1) return fail(absl::StrCat("--workers must be >= 1, got ", o.workers));
-  absl::StatusOr<JobConfig> job = LoadJobConfig(o.job_path);
-  if (!job.ok()) return fail(std::string(job.status().message()));
-  if (absl::Status s = ApplyOverrides(*job, o.overrides); !s.ok()) {
-    return fail(std::string(s.message()));
+// The job as launch runs it: the file with --set, --out, --workers and --threads, validated.
+absl::StatusOr<JobConfig> LaunchJob(const LaunchOptions& o) {
+  if (o.workers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--workers must be >= 1, got ", o.workers));
   }
+  absl::StatusOr<JobConfig> job = LoadJobConfig(o.job_path);
+  if (!job.ok()) return job.status();
+  if (absl::Status s = ApplyOverrides(*job, o.overrides); !s.ok()) return s;
   if (!o.out_dir.empty()) job->output_dir = o.out_dir;
   // Up to N workers; the job goes on (elastically) down to its min_workers.
   job->cluster.max_workers = o.workers;
@@ -173,262 +130,171 @@ int Launch(const LaunchOptions& o) {
   if (absl::Status s =
           ValidateJobConfig(*job, absl::StrCat(o.job_path, " with --workers ", o.workers));
       !s.ok()) {
-    return fail(std::string(s.message()));
+    return s;
   }
-  // The workers' TLS files and job secret (paths only) from the job's security section.
-  const ClientSecurity client = ClientSecurityFor(job->security);
-  if (client.tls() && job->security.client_auth && client.tls_cert.empty()) {
-    return fail(absl::StrCat(o.job_path,
-                             ": mutual TLS (security.tls_ca with client_auth) needs "
-                             "security.client_cert and security.client_key for the workers launch "
-                             "starts"));
+  return job;
+}
+
+// The workers' TLS files and job secret (paths only) from the job's security section.
+absl::StatusOr<std::vector<std::string>> WorkerSecurityArgs(const JobConfig& job,
+                                                            const std::string& job_path) {
+  const ClientSecurity client = ClientSecurityFor(job.security);
+  if (client.tls() && job.security.client_auth && client.tls_cert.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(job_path,
+                     ": mutual TLS (security.tls_ca with client_auth) needs "
+                     "security.client_cert and security.client_key for the workers launch "
+                     "starts"));
   }
-  std::vector<std::string> worker_security;
+  std::vector<std::string> args;
   for (const auto& [flag, value] : {std::pair<const char*, std::string>{"--tls-ca", client.tls_ca},
                                     {"--tls-cert", client.tls_cert},
                                     {"--tls-key", client.tls_key},
                                     {"--tls-server-name", client.server_name},
                                     {"--token-file", client.token_file}}) {
     if (value.empty()) continue;
-    worker_security.push_back(flag);
-    worker_security.push_back(value);
+    args.push_back(flag);
+    args.push_back(value);
   }
+  return args;
+}
+
+// Each worker's /metrics port goes where a person finds it (targets.json lists them for
+// Prometheus).
+bool WorkerMetrics(const JobConfig& job) {
+  return job.metrics.enabled && !job.metrics.worker_listen.empty();
+}
+
+// <out>/logs, <out>/metrics and the job file the coordinator reads, <out>/job.yaml (returned).
+absl::StatusOr<std::string> PrepareOutputDir(const JobConfig& job) {
   std::error_code ec;
-  std::filesystem::create_directories(job->output_dir + "/logs", ec);
-  if (ec) return fail(absl::StrCat("cannot create ", job->output_dir, "/logs: ", ec.message()));
-  // Each worker's /metrics port, where a person finds it (targets.json lists them for Prometheus).
-  const bool worker_metrics = job->metrics.enabled && !job->metrics.worker_listen.empty();
-  if (worker_metrics) std::filesystem::create_directories(job->output_dir + "/metrics", ec);
-  const std::string job_file = job->output_dir + "/job.yaml";
-  if (absl::Status s = WriteFileAtomically(job_file, JobConfigToYaml(*job)); !s.ok()) {
-    return fail(std::string(s.message()));
+  std::filesystem::create_directories(job.output_dir + "/logs", ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot create ", job.output_dir, "/logs: ", ec.message()));
   }
+  if (WorkerMetrics(job)) std::filesystem::create_directories(job.output_dir + "/metrics", ec);
+  const std::string job_file = job.output_dir + "/job.yaml";
+  if (absl::Status s = WriteFileAtomically(job_file, JobConfigToYaml(job)); !s.ok()) return s;
+  return job_file;
+}
+
+struct Binaries {
+  std::string coordinator;
+  std::string worker;
+};
+
+absl::StatusOr<Binaries> FindBinaries() {
   const std::string bin = BinDir();
-  const std::string coordinator_bin = bin + "/flashdraft-coordinator";
-  const std::string worker_bin = bin + "/flashdraft-worker";
-  for (const std::string& b : {coordinator_bin, worker_bin}) {
-    if (access(b.c_str(), X_OK) != 0) return fail(absl::StrCat(b, " not found next to flashdraft"));
+  Binaries binaries{bin + "/flashdraft-coordinator", bin + "/flashdraft-worker"};
+  for (const std::string& b : {binaries.coordinator, binaries.worker}) {
+    if (access(b.c_str(), X_OK) != 0) {
+      return absl::NotFoundError(absl::StrCat(b, " not found next to flashdraft"));
+    }
   }
-  if (absl::Status s = PinChildrenBlasKernel(job->train.blas_kernel); !s.ok()) {
-    return fail(std::string(s.message()));
+  return binaries;
+}
+
+// What must hold before anything starts: the BLAS kernel pinned, the GPUs there, the memory.
+absl::Status Preflight(const JobConfig& job, const LaunchOptions& o, const Binaries& binaries) {
+  if (absl::Status s = PinChildrenBlasKernel(job.train.blas_kernel); !s.ok()) return s;
+  if (std::string problem = GpuJobProblem(job, binaries.worker, o.workers); !problem.empty()) {
+    return absl::FailedPreconditionError(problem);
   }
-  if (std::string problem = GpuJobProblem(*job, worker_bin, o.workers); !problem.empty()) {
-    return fail(problem);
+  return CheckLaunchMemory(job, o);
+}
+
+std::vector<std::string> WorkerArgv(const JobConfig& job, const std::string& worker_bin, int port,
+                                    int rank, const std::vector<std::string>& security) {
+  std::vector<std::string> argv = {worker_bin, "--coordinator", absl::StrCat("127.0.0.1:", port),
+                                   "--id", absl::StrCat("worker-", rank)};
+  if (job.cluster.backend == "nccl") {  // worker r on the r-th visible GPU
+    argv.push_back("--cuda-device");
+    argv.push_back(absl::StrCat(rank));
   }
-  if (absl::Status s = CheckLaunchMemory(*job, o); !s.ok()) return fail(std::string(s.message()));
+  argv.insert(argv.end(), security.begin(), security.end());
+  if (WorkerMetrics(job)) {
+    argv.push_back("--metrics-port-file");
+    argv.push_back(absl::StrCat(job.output_dir, "/metrics/worker-", rank, ".port"));
+  }
+  return argv;
+}
 
-  struct sigaction sa {};
-  sa.sa_handler = OnSignal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-
-  std::vector<std::unique_ptr<Child>> children;
-  std::mutex out_mu;
-  auto add_child = [&](const std::string& name, const std::vector<std::string>& argv,
-                       int restarts = 0) -> Child* {
-    auto c = std::make_unique<Child>();
-    c->name = name;
-    c->argv = argv;
-    c->restarts = restarts;
-    c->log.open(job->output_dir + "/logs/" + name + ".log",
-                restarts > 0 ? std::ios::app : std::ios::trunc);
-    if (!Spawn(*c, argv)) return nullptr;
-    children.push_back(std::move(c));
-    return children.back().get();
-  };
-  // Interleaves the children's output, line by line, with a prefix.
-  auto pump = [&](int timeout_ms) {
-    std::vector<pollfd> fds;
-    std::vector<Child*> owners;
-    for (auto& c : children) {
-      if (c->out_fd >= 0) {
-        fds.push_back({c->out_fd, POLLIN, 0});
-        owners.push_back(c.get());
-      }
-    }
-    if (fds.empty() || poll(fds.data(), fds.size(), timeout_ms) <= 0) {
-      if (fds.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
-      return;
-    }
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (!(fds[i].revents & (POLLIN | POLLHUP))) continue;
-      Child* c = owners[i];
-      char buf[8192];
-      ssize_t n = read(c->out_fd, buf, sizeof(buf));
-      if (n <= 0) {
-        close(c->out_fd);
-        c->out_fd = -1;
-        n = 0;
-      }
-      c->partial.append(buf, n);
-      size_t nl;
-      std::lock_guard<std::mutex> lock(out_mu);
-      while ((nl = c->partial.find('\n')) != std::string::npos ||
-             (c->out_fd < 0 && !c->partial.empty())) {
-        const std::string line = nl == std::string::npos ? c->partial : c->partial.substr(0, nl);
-        c->partial.erase(0, nl == std::string::npos ? std::string::npos : nl + 1);
-        std::printf("[%-11s] %s\n", c->name.c_str(), line.c_str());
-        c->log << line << "\n";
-      }
-      std::fflush(stdout);
-      c->log.flush();
-    }
-  };
-  auto reap = [&] {
-    for (auto& c : children) {
-      if (c->exited) continue;
-      int status;
-      if (waitpid(c->pid, &status, WNOHANG) == c->pid) {
-        c->exited = true;
-        c->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        c->term_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-      }
-    }
-  };
-  auto signal_all = [&](int sig) {
-    for (auto& c : children) {
-      if (!c->exited) kill(c->pid, sig);
-    }
-  };
-
-  const std::string port_file = job->output_dir + "/coordinator.port";
-  std::filesystem::remove(port_file, ec);
-  Child* coordinator =
-      add_child("coordinator", {coordinator_bin, "--job", job_file, "--port-file", port_file});
-  if (coordinator == nullptr) return fail("cannot start the coordinator");
+// The coordinator's port once it wrote it, else 0.
+int ReadPort(const std::string& port_file) {
   int port = 0;
-  const auto port_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (port == 0) {
-    pump(50);
-    reap();
-    std::ifstream in(port_file);
-    if (in >> port && port > 0) break;
-    port = 0;
-    if (coordinator->exited || g_signal != 0 || std::chrono::steady_clock::now() > port_deadline) {
-      signal_all(SIGKILL);
-      while (coordinator->out_fd >= 0) pump(50);
-      return fail(coordinator->exited
-                      ? absl::StrCat("the coordinator exited with code ", coordinator->exit_code)
-                      : "the coordinator did not start listening");
-    }
-  }
-  for (int r = 0; r < o.workers; ++r) {
-    std::vector<std::string> argv = {worker_bin, "--coordinator", absl::StrCat("127.0.0.1:", port),
-                                     "--id", absl::StrCat("worker-", r)};
-    if (job->cluster.backend == "nccl") {  // worker r on the r-th visible GPU
-      argv.push_back("--cuda-device");
-      argv.push_back(absl::StrCat(r));
-    }
-    argv.insert(argv.end(), worker_security.begin(), worker_security.end());
-    if (worker_metrics) {
-      argv.push_back("--metrics-port-file");
-      argv.push_back(absl::StrCat(job->output_dir, "/metrics/worker-", r, ".port"));
-    }
-    if (add_child(absl::StrCat("worker-", r), argv) == nullptr) {
-      signal_all(SIGTERM);
-      return fail("cannot start a worker");
-    }
-  }
+  std::ifstream in(port_file);
+  return in >> port && port > 0 ? port : 0;
+}
 
-  // Run until the coordinator ends (or a signal), then give the workers a grace period.
-  bool interrupted = false;
-  std::chrono::steady_clock::time_point kill_at{};
-  while (true) {
-    pump(100);
-    reap();
-    // A worker that crashed while the job runs is started again (it rejoins at the next step
-    // boundary), up to --max-restarts times each, 1 s, 2 s, 4 s ... (at most 30 s) later. With
-    // --resume, so is a crashed coordinator: on the same port, from its newest checkpoint; the
-    // workers join it again by themselves.
-    const auto now = std::chrono::steady_clock::now();
-    for (size_t i = 0; i < children.size(); ++i) {
-      Child* c = children[i].get();
-      const bool is_coordinator = c == coordinator;
-      if (!c->exited || c->replaced || c->exit_code == 0 || interrupted ||
-          c->restarts >= o.max_restarts || (is_coordinator && !o.restart_coordinator) ||
-          (!is_coordinator && coordinator->exited)) {
-        continue;
-      }
-      if (c->restart_at == std::chrono::steady_clock::time_point{}) {
-        const int backoff = std::min(30, 1 << std::min(c->restarts, 5));
-        c->restart_at = now + std::chrono::seconds(backoff);
-        std::lock_guard<std::mutex> lock(out_mu);
-        std::printf("[launch     ] %s exited with code %d; starting it again in %d s (%d of %d)\n",
-                    c->name.c_str(), c->exit_code, backoff, c->restarts + 1, o.max_restarts);
-        std::fflush(stdout);
-      } else if (now >= c->restart_at) {
-        c->replaced = true;
-        const std::string name = c->name;
-        std::vector<std::string> argv = c->argv;
-        if (is_coordinator && c->restarts == 0) {
-          for (const std::string& set : {absl::StrCat("cluster.listen=127.0.0.1:", port),
-                                         std::string("checkpoint.resume=true")}) {
-            argv.push_back("--set");
-            argv.push_back(set);
-          }
-        }
-        const int restarts = c->restarts + 1;
-        Child* again = add_child(name, argv, restarts);
-        if (again == nullptr) {
-          std::lock_guard<std::mutex> lock(out_mu);
-          std::printf("[launch     ] cannot start %s again\n", name.c_str());
-        } else if (is_coordinator) {
-          coordinator = again;
-        }
-        c = nullptr;  // add_child may have moved the vector's storage
-      }
-    }
-    // The coordinator is waiting to be started again: nobody is stopped meanwhile.
-    const bool coordinator_restarting =
-        coordinator->exited && !coordinator->replaced &&
-        coordinator->restart_at != std::chrono::steady_clock::time_point{};
-    if (g_signal != 0 && !interrupted) {
-      interrupted = true;
-      std::lock_guard<std::mutex> lock(out_mu);
-      std::printf("[launch     ] stopping (signal %d)\n", g_signal.load());
-      kill(coordinator->pid, SIGTERM);
-      kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-    }
-    if (coordinator->exited && !coordinator_restarting &&
-        kill_at == std::chrono::steady_clock::time_point{}) {
-      // The job is over: a worker still around (dropped near the end, joining again) stops trying
-      // at SIGTERM and exits 0; one still exporting the drafter finishes first.
-      for (auto& c : children) {
-        if (!c->exited && c.get() != coordinator) kill(c->pid, SIGTERM);
-      }
-      kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-    }
-    bool all_exited = true;
-    for (auto& c : children) all_exited = all_exited && c->exited;
-    if (all_exited) break;
-    if (kill_at != std::chrono::steady_clock::time_point{} &&
-        std::chrono::steady_clock::now() > kill_at) {
-      signal_all(SIGKILL);
+void ReportOutcome(LaunchConsole& console, const JobOutcome& outcome, int workers,
+                   const std::string& output_dir) {
+  for (const ChildEnd& end : outcome.failed_workers) {
+    if (end.exit.term_signal != 0) {
+      console.Note(absl::StrFormat("%s ended by signal %d (%s)", end.name, end.exit.term_signal,
+                                   strsignal(end.exit.term_signal)));
+    } else {
+      console.Note(absl::StrFormat("%s exited with code %d", end.name, end.exit.exit_code));
     }
   }
-  for (auto& c : children) {
-    while (c->out_fd >= 0) pump(50);
+  console.Note(absl::StrFormat(
+      "coordinator exited %d; %d of %d worker(s) failed, %d restart(s); logs and steps.jsonl in %s",
+      outcome.coordinator_exit_code, outcome.failed_workers.size(), workers,
+      outcome.worker_restarts, output_dir));
+}
+
+// The coordinator, then the workers once it listens, supervised until the job ends.
+int Supervise(const JobConfig& job, const LaunchOptions& o, const Binaries& binaries,
+              const std::string& job_file, const std::vector<std::string>& security) {
+  TerminationSignals::Install();
+  TerminationSignals signals;
+  PosixProcessLauncher launcher;
+  TerminalConsole console(job.output_dir + "/logs");
+  SupervisorOptions options;
+  options.restart.max_restarts = o.max_restarts;
+  options.restart.restart_coordinator = o.restart_coordinator;
+  Supervisor supervisor(launcher, RealClock::Get(), signals, console, options);
+
+  const std::string port_file = job.output_dir + "/coordinator.port";
+  std::error_code ec;
+  std::filesystem::remove(port_file, ec);
+  if (!supervisor
+           .StartCoordinator({binaries.coordinator, "--job", job_file, "--port-file", port_file})
+           .ok()) {
+    return Fail("cannot start the coordinator");
   }
-  int failed_workers = 0, restarts = 0;
-  for (auto& c : children) {
-    if (c->name == "coordinator") continue;
-    if (!c->replaced && c->exit_code != 0) {
-      ++failed_workers;
-      if (c->term_signal != 0) {
-        std::printf("[launch     ] %s ended by signal %d (%s)\n", c->name.c_str(), c->term_signal,
-                    strsignal(c->term_signal));
-      } else {
-        std::printf("[launch     ] %s exited with code %d\n", c->name.c_str(), c->exit_code);
-      }
+  absl::StatusOr<int> port = supervisor.WaitForCoordinator([&] { return ReadPort(port_file); });
+  if (!port.ok()) return Fail(std::string(port.status().message()));
+  // Started again (--resume), it listens on the same port and resumes from its newest checkpoint.
+  supervisor.SetCoordinatorRestartArgs({"--set", absl::StrCat("cluster.listen=127.0.0.1:", *port),
+                                        "--set", "checkpoint.resume=true"});
+  for (int r = 0; r < o.workers; ++r) {
+    const std::vector<std::string> argv = WorkerArgv(job, binaries.worker, *port, r, security);
+    if (!supervisor.StartWorker(absl::StrCat("worker-", r), argv).ok()) {
+      supervisor.SignalAll(SIGTERM);
+      return Fail("cannot start a worker");
     }
-    restarts += c->replaced;
   }
-  std::printf(
-      "[launch     ] coordinator exited %d; %d of %d worker(s) failed, %d restart(s); logs and "
-      "steps.jsonl in %s\n",
-      coordinator->exit_code, failed_workers, o.workers, restarts, job->output_dir.c_str());
-  if (interrupted) return 130;
-  return coordinator->exit_code == 0 ? 0 : 1;
+  const JobOutcome outcome = supervisor.Run();
+  ReportOutcome(console, outcome, o.workers, job.output_dir);
+  return outcome.ExitCode();
+}
+
+}  // namespace
+
+int Launch(const LaunchOptions& o) {
+  absl::StatusOr<JobConfig> job = LaunchJob(o);
+  if (!job.ok()) return Fail(std::string(job.status().message()));
+  absl::StatusOr<std::vector<std::string>> security = WorkerSecurityArgs(*job, o.job_path);
+  if (!security.ok()) return Fail(std::string(security.status().message()));
+  absl::StatusOr<std::string> job_file = PrepareOutputDir(*job);
+  if (!job_file.ok()) return Fail(std::string(job_file.status().message()));
+  absl::StatusOr<Binaries> binaries = FindBinaries();
+  if (!binaries.ok()) return Fail(std::string(binaries.status().message()));
+  if (absl::Status s = Preflight(*job, o, *binaries); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  return Supervise(*job, o, *binaries, *job_file, *security);
 }
 
 }  // namespace flashdraft
