@@ -1,0 +1,28 @@
+#include "cli/command.h"
+
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+
+namespace flashdraft {
+
+int Fail(const absl::Status& status) {
+  std::cerr << "flashdraft: error: " << status.message() << "\n";
+  return 1;
+}
+
+int ExitCode(const absl::Status& status) { return status.ok() ? 0 : Fail(status); }
+
+absl::Status ParseLayerIds(const std::string& text, std::vector<int>& out) {
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int id;
+    if (!absl::SimpleAtoi(part, &id)) {
+      return absl::InvalidArgumentError("--layers: '" + std::string(part) + "' is not an integer");
+    }
+    out.push_back(id);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace flashdraft
