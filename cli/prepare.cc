@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/chat_template.h"
@@ -130,6 +131,181 @@ absl::StatusOr<std::vector<std::string>> ListSpecForgeFiles(const std::string& d
   return files;
 }
 
+// How many target layers an import's files hold: n·H features; which layers they are is
+// SpecForge's choice, the same formula as ours (DFLASH.md §2) unless --layers says otherwise.
+absl::StatusOr<int> ImportedFeatureCount(const std::vector<std::string>& files,
+                                         const TargetModelConfig& t, int otherwise) {
+  for (const std::string& f : files) {
+    absl::StatusOr<ImportedSample> first = ReadSpecForgeFile(f, t.vocab_size);
+    if (!first.ok()) continue;
+    const int64_t width = first->features.size(1);
+    if (width % t.hidden_size != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(f, ": hidden_states width ", width,
+                                                     " is not a multiple of the target's ",
+                                                     "hidden size ", t.hidden_size));
+    }
+    return static_cast<int>(width / t.hidden_size);
+  }
+  return otherwise;
+}
+
+// The target layers whose features the shards hold: --layers, else the default choice of
+// --num-features (or of what the imported files hold).
+absl::StatusOr<std::vector<int>> PrepareLayers(const PrepareOptions& o, const TargetModelConfig& t,
+                                               const std::vector<std::string>& files) {
+  std::vector<int> layers = o.layer_ids;
+  int num_features = o.num_features;
+  if (!o.import_specforge.empty() && layers.empty()) {
+    FD_ASSIGN_OR_RETURN(num_features, ImportedFeatureCount(files, t, num_features));
+  }
+  if (layers.empty())
+    layers = DefaultTargetLayerIds(static_cast<int>(t.num_hidden_layers), num_features);
+  for (int id : layers) {
+    if (id < 0 || id >= t.num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("layer id ", id, " is outside the target's ",
+                                                     t.num_hidden_layers, " layers"));
+    }
+  }
+  return layers;
+}
+
+// The samples of one run into the shards: resumes after an earlier run's complete shards, counts
+// what it writes and skips, and shows how far through the input it is.
+class SampleWriter {
+ public:
+  SampleWriter(const PrepareOptions& o, int64_t feature_size, double input_size)
+      : o_(o),
+        import_(!o.import_specforge.empty()),
+        dtype_(o.float32_features ? DType::kF32 : DType::kBF16),
+        input_size_(input_size),
+        writer_(o.out, feature_size, dtype_, o.samples_per_shard) {}
+
+  absl::Status Resume() {
+    FD_ASSIGN_OR_RETURN(done_, writer_.ResumeExisting());
+    if (done_ > 0)
+      std::printf("resuming: %lld samples already in complete shards\n",
+                  static_cast<long long>(done_));
+    progress_.emplace(Progress::ForStream("prepare", input_size_, import_ ? "files" : "B", stdout));
+    return absl::OkStatus();
+  }
+  // `at`: how far through the input (bytes of the JSONL, or files imported).
+  void ShowProgress(double at) {
+    progress_->Update(at, absl::StrCat(done_ + written_, " samples, ", tokens_, " tokens"));
+  }
+  // A bad record is fatal, or reported and skipped with --skip-bad-lines.
+  absl::Status Bad(const std::string& where, const absl::Status& s) {
+    const std::string what = absl::StrCat(where, ": ", s.message());
+    if (!o_.skip_bad_lines) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " (--skip-bad-lines to skip such ", import_ ? "files" : "lines", ")"));
+    }
+    std::fprintf(stderr, "skipped %s\n", what.c_str());
+    ++bad_;
+    return absl::OkStatus();
+  }
+  // Counts a valid sample; true when an earlier run's complete shard holds it already.
+  bool AlreadyWritten() { return valid_++ < done_; }
+  absl::Status Add(std::vector<int64_t>& ids, std::vector<int64_t>& mask,
+                   const torch::Tensor& features) {
+    const int64_t len = std::min<int64_t>(static_cast<int64_t>(ids.size()), o_.max_seq_len);
+    ids.resize(len);
+    mask.resize(len);
+    const torch::Tensor f = features.narrow(0, 0, len)
+                                .to(dtype_ == DType::kBF16 ? torch::kBFloat16 : torch::kFloat32)
+                                .contiguous();
+    FD_RETURN_IF_ERROR(writer_.Add(ids, mask, f.data_ptr()));
+    ++written_;
+    tokens_ += len;
+    return absl::OkStatus();
+  }
+  // The metadata, the target's frozen tensors and the last shard.
+  // `input_done`: the input's whole size, as the progress shows it.
+  absl::Status Finish(const TargetModel& model, const std::vector<int>& layers, double input_done);
+
+ private:
+  const PrepareOptions& o_;
+  const bool import_;
+  const DType dtype_;
+  const double input_size_;
+  ShardWriter writer_;
+  std::optional<flashdraft::Progress> progress_;  // from Resume on
+  int64_t done_ = 0, valid_ = 0, written_ = 0, bad_ = 0, tokens_ = 0;
+};
+
+absl::Status SampleWriter::Finish(const TargetModel& model, const std::vector<int>& layers,
+                                  double input_done) {
+  const std::string input = import_ ? o_.import_specforge : o_.data;
+  if (valid_ == 0) return absl::InvalidArgumentError(absl::StrCat(input, ": no valid samples"));
+  const DrafterModelConfig d =
+      DrafterConfigForTarget(model.config(), layers, o_.max_seq_len, o_.mask_token_id);
+  writer_.SetMetadata("drafter_config", DrafterConfigToJson(d));
+  writer_.SetMetadata("source", absl::StrCat("flashdraft prepare --target ", o_.target,
+                                             import_ ? " --import-specforge " : " --data ", input));
+  FD_RETURN_IF_ERROR(WriteFrozenTargetTensors(model, o_.out + "/target.safetensors"));
+  FD_RETURN_IF_ERROR(writer_.Finish());
+  ShowProgress(input_done);
+  progress_->Finish();
+  std::printf("prepared %lld samples (%lld new, %lld tokens), %lld bad %s skipped -> %s\n",
+              static_cast<long long>(valid_), static_cast<long long>(written_),
+              static_cast<long long>(tokens_), static_cast<long long>(bad_),
+              import_ ? "file(s)" : "line(s)", o_.out.c_str());
+  return absl::OkStatus();
+}
+
+// --import-specforge: each file one sample with its features.
+absl::Status ImportFiles(const std::vector<std::string>& files, const TargetModelConfig& t,
+                         int64_t feature_size, size_t layers, SampleWriter& out) {
+  size_t seen = 0;
+  for (const std::string& file : files) {
+    out.ShowProgress(static_cast<double>(seen++));
+    absl::StatusOr<ImportedSample> sample = ReadSpecForgeFile(file, t.vocab_size);
+    if (sample.ok() && sample->features.size(1) != feature_size) {
+      sample = absl::InvalidArgumentError(
+          absl::StrCat("hidden_states width ", sample->features.size(1), " is not ", layers,
+                       " layers x hidden size ", t.hidden_size, " = ", feature_size));
+    }
+    if (!sample.ok()) {
+      FD_RETURN_IF_ERROR(out.Bad(file, sample.status()));
+      continue;
+    }
+    if (out.AlreadyWritten()) continue;  // in a complete shard of an earlier run
+    FD_RETURN_IF_ERROR(out.Add(sample->ids, sample->mask, sample->features));
+  }
+  return absl::OkStatus();
+}
+
+// --data: each JSONL line one sample, its features from the target's forward.
+absl::Status ReadLines(const PrepareOptions& o, std::istream& in, TargetModel& model,
+                       const std::vector<int>& layers, SampleWriter& out) {
+  const int64_t vocab = model.config().vocab_size;
+  std::string line;
+  int64_t line_no = 0;
+  std::vector<int64_t> ids, mask;
+  ChatLineReader chat({o.target, o.tokenizer, o.max_new_tokens}, model);
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (const std::streamoff at = in.tellg(); at >= 0) out.ShowProgress(static_cast<double>(at));
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    bool is_chat = false;
+    absl::Status s = chat.Parse(line, vocab, /*regenerate=*/false, ids, mask, &is_chat);
+    if (!s.ok()) {
+      FD_RETURN_IF_ERROR(out.Bad(absl::StrCat(o.data, ":", line_no), s));
+      continue;
+    }
+    if (out.AlreadyWritten()) continue;  // in a complete shard of an earlier run
+    if (is_chat && o.regenerate) {
+      absl::Status r = chat.Parse(line, vocab, /*regenerate=*/true, ids, mask, &is_chat);
+      if (!r.ok())
+        return absl::InternalError(absl::StrCat(o.data, ":", line_no, ": ", r.message()));
+    }
+    if (static_cast<int64_t>(ids.size()) > o.max_seq_len) ids.resize(o.max_seq_len);
+    const torch::Tensor input = torch::tensor(ids, torch::kInt64).unsqueeze(0);
+    FD_ASSIGN_OR_RETURN(TargetOutput features, model.Forward(input, layers, /*with_logits=*/false));
+    FD_RETURN_IF_ERROR(out.Add(ids, mask, features.features.squeeze(0)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Prepare(const PrepareOptions& o) {
@@ -143,32 +319,7 @@ absl::Status Prepare(const PrepareOptions& o) {
   if (import) {
     FD_ASSIGN_OR_RETURN(files, ListSpecForgeFiles(o.import_specforge));
   }
-  std::vector<int> layers = o.layer_ids;
-  int num_features = o.num_features;
-  if (import && layers.empty()) {
-    // The files hold n·H features; which layers they are is SpecForge's choice, the same
-    // formula as ours (DFLASH.md §2) unless --layers says otherwise.
-    for (const std::string& f : files) {
-      absl::StatusOr<ImportedSample> first = ReadSpecForgeFile(f, t.vocab_size);
-      if (!first.ok()) continue;
-      const int64_t width = first->features.size(1);
-      if (width % t.hidden_size != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(f, ": hidden_states width ", width,
-                                                       " is not a multiple of the target's ",
-                                                       "hidden size ", t.hidden_size));
-      }
-      num_features = static_cast<int>(width / t.hidden_size);
-      break;
-    }
-  }
-  if (layers.empty())
-    layers = DefaultTargetLayerIds(static_cast<int>(t.num_hidden_layers), num_features);
-  for (int id : layers) {
-    if (id < 0 || id >= t.num_hidden_layers) {
-      return absl::InvalidArgumentError(absl::StrCat("layer id ", id, " is outside the target's ",
-                                                     t.num_hidden_layers, " layers"));
-    }
-  }
+  FD_ASSIGN_OR_RETURN(const std::vector<int> layers, PrepareLayers(o, t, files));
   std::ifstream in;
   if (!import) {
     in.open(o.data);
@@ -179,111 +330,21 @@ absl::Status Prepare(const PrepareOptions& o) {
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", o.out, ": ", ec.message()));
 
   const int64_t feature_size = static_cast<int64_t>(layers.size()) * t.hidden_size;
-  const DType dtype = o.float32_features ? DType::kF32 : DType::kBF16;
-  ShardWriter writer(o.out, feature_size, dtype, o.samples_per_shard);
-  FD_ASSIGN_OR_RETURN(int64_t done, writer.ResumeExisting());
-  if (done > 0)
-    std::printf("resuming: %lld samples already in complete shards\n",
-                static_cast<long long>(done));
-
-  int64_t valid = 0, written = 0, bad = 0, tokens = 0;
   // How far through the input (bytes of the JSONL, or files imported): a bar on a terminal.
   std::error_code size_error;
   const auto input_bytes = import ? 0 : std::filesystem::file_size(o.data, size_error);
-  Progress progress = Progress::ForStream("prepare",
-                                          import       ? static_cast<double>(files.size())
-                                          : size_error ? 0.0
-                                                       : input_bytes,
-                                          import ? "files" : "B", stdout);
-  auto note = [&] { return absl::StrCat(done + written, " samples, ", tokens, " tokens"); };
-  // A bad record is fatal, or reported and skipped with --skip-bad-lines.
-  auto bad_record = [&](const std::string& where, const absl::Status& s) {
-    const std::string what = absl::StrCat(where, ": ", s.message());
-    if (!o.skip_bad_lines) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " (--skip-bad-lines to skip such ", import ? "files" : "lines", ")"));
-    }
-    std::fprintf(stderr, "skipped %s\n", what.c_str());
-    ++bad;
-    return absl::OkStatus();
-  };
-  auto add = [&](std::vector<int64_t>& ids, std::vector<int64_t>& mask,
-                 const torch::Tensor& features) -> absl::Status {
-    const int64_t len = std::min<int64_t>(static_cast<int64_t>(ids.size()), o.max_seq_len);
-    ids.resize(len);
-    mask.resize(len);
-    const torch::Tensor f = features.narrow(0, 0, len)
-                                .to(dtype == DType::kBF16 ? torch::kBFloat16 : torch::kFloat32)
-                                .contiguous();
-    FD_RETURN_IF_ERROR(writer.Add(ids, mask, f.data_ptr()));
-    ++written;
-    tokens += len;
-    return absl::OkStatus();
-  };
-
+  SampleWriter out(o, feature_size,
+                   import       ? static_cast<double>(files.size())
+                   : size_error ? 0.0
+                                : input_bytes);
+  FD_RETURN_IF_ERROR(out.Resume());
   if (import) {
-    for (const std::string& file : files) {
-      progress.Update(static_cast<double>(valid + bad), note());
-      absl::StatusOr<ImportedSample> sample = ReadSpecForgeFile(file, t.vocab_size);
-      if (sample.ok() && sample->features.size(1) != feature_size) {
-        sample = absl::InvalidArgumentError(absl::StrCat(
-            "hidden_states width ", sample->features.size(1), " is not ", layers.size(),
-            " layers x hidden size ", t.hidden_size, " = ", feature_size));
-      }
-      if (!sample.ok()) {
-        FD_RETURN_IF_ERROR(bad_record(file, sample.status()));
-        continue;
-      }
-      if (valid++ < done) continue;  // in a complete shard of an earlier run
-      FD_RETURN_IF_ERROR(add(sample->ids, sample->mask, sample->features));
-    }
+    FD_RETURN_IF_ERROR(ImportFiles(files, t, feature_size, layers.size(), out));
   } else {
-    std::string line;
-    int64_t line_no = 0;
-    std::vector<int64_t> ids, mask;
-    ChatLineReader chat({o.target, o.tokenizer, o.max_new_tokens}, *model);
-    while (std::getline(in, line)) {
-      ++line_no;
-      if (const std::streamoff at = in.tellg(); at >= 0) {
-        progress.Update(static_cast<double>(at), note());
-      }
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      bool is_chat = false;
-      absl::Status s = chat.Parse(line, t.vocab_size, /*regenerate=*/false, ids, mask, &is_chat);
-      if (!s.ok()) {
-        FD_RETURN_IF_ERROR(bad_record(absl::StrCat(o.data, ":", line_no), s));
-        continue;
-      }
-      if (valid++ < done) continue;  // in a complete shard of an earlier run
-      if (is_chat && o.regenerate) {
-        absl::Status r = chat.Parse(line, t.vocab_size, /*regenerate=*/true, ids, mask, &is_chat);
-        if (!r.ok())
-          return absl::InternalError(absl::StrCat(o.data, ":", line_no, ": ", r.message()));
-      }
-      if (static_cast<int64_t>(ids.size()) > o.max_seq_len) ids.resize(o.max_seq_len);
-      const torch::Tensor input = torch::tensor(ids, torch::kInt64).unsqueeze(0);
-      FD_ASSIGN_OR_RETURN(TargetOutput out, model->Forward(input, layers, /*with_logits=*/false));
-      FD_RETURN_IF_ERROR(add(ids, mask, out.features.squeeze(0)));
-    }
+    FD_RETURN_IF_ERROR(ReadLines(o, in, *model, layers, out));
   }
-  const std::string input = import ? o.import_specforge : o.data;
-  if (valid == 0) return absl::InvalidArgumentError(absl::StrCat(input, ": no valid samples"));
-
-  const DrafterModelConfig d = DrafterConfigForTarget(t, layers, o.max_seq_len, o.mask_token_id);
-  writer.SetMetadata("drafter_config", DrafterConfigToJson(d));
-  writer.SetMetadata("source", absl::StrCat("flashdraft prepare --target ", o.target,
-                                            import ? " --import-specforge " : " --data ", input));
-
-  FD_RETURN_IF_ERROR(WriteFrozenTargetTensors(*model, o.out + "/target.safetensors"));
-  FD_RETURN_IF_ERROR(writer.Finish());
-  progress.Update(import ? static_cast<double>(files.size()) : static_cast<double>(input_bytes),
-                  note());
-  progress.Finish();
-  std::printf("prepared %lld samples (%lld new, %lld tokens), %lld bad %s skipped -> %s\n",
-              static_cast<long long>(valid), static_cast<long long>(written),
-              static_cast<long long>(tokens), static_cast<long long>(bad),
-              import ? "file(s)" : "line(s)", o.out.c_str());
-  return absl::OkStatus();
+  return out.Finish(*model, layers,
+                    import ? static_cast<double>(files.size()) : static_cast<double>(input_bytes));
 }
 
 }  // namespace flashdraft
