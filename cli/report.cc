@@ -5,6 +5,7 @@
 #include <sstream>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -199,16 +200,19 @@ if (D.eval) {
 }
 )js";
 
-}  // namespace
+// The records of a job's steps.jsonl, by kind.
+struct JobLog {
+  nlohmann::json steps = nlohmann::json::array();
+  nlohmann::json membership = nlohmann::json::array();
+  nlohmann::json evals = nlohmann::json::array();
+};
 
-absl::Status WriteReport(const ReportOptions& o) {
-  const std::string steps_path = o.job_dir + "/steps.jsonl";
+absl::StatusOr<JobLog> ReadJobLog(const std::string& steps_path) {
   std::ifstream in(steps_path);
   if (!in)
     return absl::NotFoundError(
         absl::StrCat(steps_path, ": cannot open (--job is a job's output_dir)"));
-  nlohmann::json steps = nlohmann::json::array(), membership = nlohmann::json::array(),
-                 evals = nlohmann::json::array();
+  JobLog log;
   std::string line;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
     if (line.empty()) continue;
@@ -218,37 +222,37 @@ absl::Status WriteReport(const ReportOptions& o) {
     }
     const std::string event = r.value("event", "");
     if (event == "membership") {
-      membership.push_back(r);
+      log.membership.push_back(r);
     } else if (event == "eval") {
-      evals.push_back(r);
+      log.evals.push_back(r);
     } else if (event.empty() && r.contains("step") && r.contains("loss") &&
                r.contains("slot_accuracy") && r.contains("timings")) {
-      steps.push_back(r);
+      log.steps.push_back(r);
     }
   }
-  if (steps.empty()) return absl::InvalidArgumentError(absl::StrCat(steps_path, ": no steps"));
-  nlohmann::json data = {{"steps", steps}, {"membership", membership}, {"evals", evals}};
-  nlohmann::json eval;
-  if (!o.eval.empty()) {
-    FD_ASSIGN_OR_RETURN(const std::string text, ReadFile(o.eval));
-    eval = nlohmann::json::parse(text, nullptr, false);
-    if (!eval.is_object() || !eval.contains("acceptance_per_position") ||
-        !eval.contains("accepted_length_histogram")) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(o.eval, ": not the JSON of `flashdraft eval --json`"));
-    }
-    data["eval"] = eval;
+  if (log.steps.empty()) return absl::InvalidArgumentError(absl::StrCat(steps_path, ": no steps"));
+  return log;
+}
+
+// --eval: the JSON of `flashdraft eval --json`; null without it.
+absl::StatusOr<nlohmann::json> ReadEval(const std::string& path) {
+  if (path.empty()) return nlohmann::json();
+  FD_ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
+  nlohmann::json eval = nlohmann::json::parse(text, nullptr, false);
+  if (!eval.is_object() || !eval.contains("acceptance_per_position") ||
+      !eval.contains("accepted_length_histogram")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not the JSON of `flashdraft eval --json`"));
   }
-  const std::string job_yaml = ReadFile(o.job_dir + "/job.yaml").value_or("(no job.yaml)");
-  std::string name = "flashdraft job";
-  for (absl::string_view l : absl::StrSplit(job_yaml, '\n')) {
-    if (absl::StartsWith(l, "name: ")) name = std::string(l.substr(6));
-  }
+  return eval;
+}
+
+// The page's head and its header: the job's name and its figures at a glance.
+void WriteHeader(std::ostringstream& html, const std::string& name, const nlohmann::json& steps,
+                 const nlohmann::json& eval) {
   const nlohmann::json& last = steps.back();
   double seconds = 0;
   for (const auto& s : steps) seconds += s.value("step_seconds", 0.0);
-
-  std::ostringstream html;
   html << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>"
        << ForHtml(name) << " — flashdraft report</title>\n<style>" << kStyle << "</style></head>\n"
        << "<body><header><h1>" << ForHtml(name) << "</h1><div class=\"facts\">"
@@ -263,8 +267,12 @@ absl::Status WriteReport(const ReportOptions& o) {
                             eval.value("speedup", 0.0))
          << (eval.value("lossless", false) ? "lossless" : "NOT lossless") << "</span>";
   }
-  html << "</div></header>\n<main>\n"
-       << "<section><h2>Loss</h2><div id=\"loss\"></div><p class=\"note\">Every step (light) "
+  html << "</div></header>\n";
+}
+
+// The chart sections the script fills in.
+void WriteChartSections(std::ostringstream& html) {
+  html << "<section><h2>Loss</h2><div id=\"loss\"></div><p class=\"note\">Every step (light) "
           "and its moving mean.</p></section>\n"
        << "<section><h2>Acceptance length τ</h2><div id=\"tau\"></div><p class=\"note\">The "
           "estimate from slot accuracies (1 + Σ_k Π_{i≤k} acc_i); dots, when the job "
@@ -273,8 +281,12 @@ absl::Status WriteReport(const ReportOptions& o) {
           "class=\"note\">Mean over the last tenth of the steps.</p></section>\n"
        << "<section><h2>Where a step's time goes</h2><div id=\"phases\"></div><p "
           "class=\"note\">Mean over workers, stacked; the line is the whole step at the "
-          "coordinator.</p></section>\n"
-       << "<section class=\"wide\"><h2>Workers</h2><div id=\"workers\"></div><p "
+          "coordinator.</p></section>\n";
+}
+
+// The workers chart and a table of the membership changes.
+void WriteWorkersSection(std::ostringstream& html, const nlohmann::json& membership) {
+  html << "<section class=\"wide\"><h2>Workers</h2><div id=\"workers\"></div><p "
           "class=\"note\">Dashed: a membership change (a worker joined, left or was "
           "lost).</p><table><tr><th>step</th><th>epoch</th><th>workers</th><th>changes</th></tr>";
   for (const auto& m : membership) {
@@ -292,25 +304,49 @@ absl::Status WriteReport(const ReportOptions& o) {
          << ForHtml(changes.empty() ? "—" : changes) << "</td></tr>";
   }
   html << "</table></section>\n";
-  if (eval.is_object()) {
-    const auto& t = eval["target_only"];
-    const auto& s = eval["speculative"];
-    html << "<section class=\"wide\"><h2>Evaluation (flashdraft eval)</h2><table>"
-         << absl::StrFormat(
-                "<tr><td>prompts</td><td>%d</td></tr><tr><td>block size</td><td>%d</td></tr>"
-                "<tr><td>τ (mean accepted tokens per verify cycle)</td><td>%.2f</td></tr>"
-                "<tr><td>target only</td><td>%.1f tokens/s</td></tr>"
-                "<tr><td>speculative</td><td>%.1f tokens/s (%.2f×)</td></tr>",
-                eval.value("prompts", 0), eval.value("block_size", 0), eval.value("tau", 0.0),
-                t.value("tokens_per_second", 0.0), s.value("tokens_per_second", 0.0),
-                eval.value("speedup", 0.0))
-         << "<tr><td>lossless check</td><td>"
-         << (eval.value("lossless", false)
-                 ? "<span class=\"ok\">every output equals the target's greedy decoding</span>"
-                 : "<span class=\"bad\">FAILED</span>")
-         << "</td></tr></table><main style=\"padding:0\"><div id=\"eval-acceptance\"></div>"
-         << "<div id=\"eval-histogram\"></div></main></section>\n";
+}
+
+// `eval` is not const: a missing section reads as null, as it always did.
+void WriteEvalSection(std::ostringstream& html, nlohmann::json& eval) {
+  const auto& t = eval["target_only"];
+  const auto& s = eval["speculative"];
+  html << "<section class=\"wide\"><h2>Evaluation (flashdraft eval)</h2><table>"
+       << absl::StrFormat(
+              "<tr><td>prompts</td><td>%d</td></tr><tr><td>block size</td><td>%d</td></tr>"
+              "<tr><td>τ (mean accepted tokens per verify cycle)</td><td>%.2f</td></tr>"
+              "<tr><td>target only</td><td>%.1f tokens/s</td></tr>"
+              "<tr><td>speculative</td><td>%.1f tokens/s (%.2f×)</td></tr>",
+              eval.value("prompts", 0), eval.value("block_size", 0), eval.value("tau", 0.0),
+              t.value("tokens_per_second", 0.0), s.value("tokens_per_second", 0.0),
+              eval.value("speedup", 0.0))
+       << "<tr><td>lossless check</td><td>"
+       << (eval.value("lossless", false)
+               ? "<span class=\"ok\">every output equals the target's greedy decoding</span>"
+               : "<span class=\"bad\">FAILED</span>")
+       << "</td></tr></table><main style=\"padding:0\"><div id=\"eval-acceptance\"></div>"
+       << "<div id=\"eval-histogram\"></div></main></section>\n";
+}
+
+}  // namespace
+
+absl::Status WriteReport(const ReportOptions& o) {
+  FD_ASSIGN_OR_RETURN(const JobLog log, ReadJobLog(o.job_dir + "/steps.jsonl"));
+  nlohmann::json data = {
+      {"steps", log.steps}, {"membership", log.membership}, {"evals", log.evals}};
+  FD_ASSIGN_OR_RETURN(nlohmann::json eval, ReadEval(o.eval));
+  if (eval.is_object()) data["eval"] = eval;
+  const std::string job_yaml = ReadFile(o.job_dir + "/job.yaml").value_or("(no job.yaml)");
+  std::string name = "flashdraft job";
+  for (absl::string_view l : absl::StrSplit(job_yaml, '\n')) {
+    if (absl::StartsWith(l, "name: ")) name = std::string(l.substr(6));
   }
+
+  std::ostringstream html;
+  WriteHeader(html, name, log.steps, eval);
+  html << "<main>\n";
+  WriteChartSections(html);
+  WriteWorkersSection(html, log.membership);
+  if (eval.is_object()) WriteEvalSection(html, eval);
   html << "<section class=\"wide\"><h2>Job</h2><pre>" << ForHtml(job_yaml) << "</pre></section>\n"
        << "</main>\n<script id=\"data\" type=\"application/json\">" << ForScript(data.dump())
        << "</script>\n<script>" << kScript << "</script>\n</body></html>\n";
