@@ -17,7 +17,7 @@
 namespace flashdraft {
 
 PosixProcessLauncher::~PosixProcessLauncher() {
-  for (auto& [pid, child] : children_) {
+  for (auto& [id, child] : children_) {
     if (child.out_fd >= 0) close(child.out_fd);
   }
 }
@@ -47,17 +47,15 @@ absl::StatusOr<ProcessId> PosixProcessLauncher::Spawn(const std::vector<std::str
     _exit(127);
   }
   close(fds[1]);
-  // A pid is reused only after its process was reaped; what is left of that one goes.
-  Child& child = children_[pid];
-  if (child.out_fd >= 0) close(child.out_fd);
-  child = Child{fds[0], std::nullopt};
-  return pid;
+  const ProcessId id = next_id_++;
+  children_[id] = Child{pid, fds[0], std::nullopt};
+  return id;
 }
 
 void PosixProcessLauncher::Signal(ProcessId id, int signal) {
   auto it = children_.find(id);
   // A reaped pid may already belong to another process.
-  if (it != children_.end() && !it->second.exit.has_value()) kill(id, signal);
+  if (it != children_.end() && !it->second.exit.has_value()) kill(it->second.pid, signal);
 }
 
 std::optional<ProcessExit> PosixProcessLauncher::PollExit(ProcessId id) {
@@ -65,7 +63,7 @@ std::optional<ProcessExit> PosixProcessLauncher::PollExit(ProcessId id) {
   if (it == children_.end()) return std::nullopt;
   Child& child = it->second;
   int status;
-  if (!child.exit.has_value() && waitpid(id, &status, WNOHANG) == id) {
+  if (!child.exit.has_value() && waitpid(child.pid, &status, WNOHANG) == child.pid) {
     ProcessExit exit;
     exit.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     exit.term_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
@@ -77,11 +75,11 @@ std::optional<ProcessExit> PosixProcessLauncher::PollExit(ProcessId id) {
 std::vector<ProcessOutput> PosixProcessLauncher::ReadOutput(double timeout_seconds) {
   const int timeout_ms = static_cast<int>(timeout_seconds * 1000);
   std::vector<pollfd> fds;
-  std::vector<pid_t> owners;
-  for (const auto& [pid, child] : children_) {
+  std::vector<ProcessId> owners;
+  for (const auto& [id, child] : children_) {
     if (child.out_fd < 0) continue;
     fds.push_back({child.out_fd, POLLIN, 0});
-    owners.push_back(pid);
+    owners.push_back(id);
   }
   std::vector<ProcessOutput> out;
   if (fds.empty()) {

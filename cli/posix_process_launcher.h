@@ -29,10 +29,12 @@ class PosixProcessLauncher : public ProcessLauncher {
 
  private:
   struct Child {
+    pid_t pid = -1;
     int out_fd = -1;  // -1 once its output ended
     std::optional<ProcessExit> exit;
   };
-  std::map<pid_t, Child> children_;
+  std::map<ProcessId, Child> children_;
+  ProcessId next_id_ = 1;
 };
 
 }  // namespace flashdraft

@@ -11,7 +11,7 @@
 
 namespace flashdraft {
 
-// The launcher's handle of a process it started (the pid for the real one).
+// The launcher's handle of a process it started; never reused by that launcher (unlike a pid).
 using ProcessId = int;
 
 struct ProcessExit {

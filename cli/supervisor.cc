@@ -80,6 +80,7 @@ void Supervisor::SignalAll(int signal) {
 }
 
 absl::StatusOr<int> Supervisor::WaitForCoordinator(const std::function<int()>& read_port) {
+  if (coordinator_ == nullptr) return absl::FailedPreconditionError("no coordinator was started");
   const double deadline = clock_.Now() + options_.start_timeout_seconds;
   while (true) {
     Pump(kStartPollSeconds);
@@ -100,7 +101,7 @@ absl::StatusOr<int> Supervisor::WaitForCoordinator(const std::function<int()>& r
 void Supervisor::Pump(double timeout_seconds) {
   for (ProcessOutput& out : launcher_.ReadOutput(timeout_seconds)) {
     auto it = std::find_if(children_.begin(), children_.end(),
-                           [&](const auto& c) { return c->id == out.id && c->output_open; });
+                           [&](const auto& c) { return c->id == out.id; });
     if (it == children_.end()) continue;
     Child& child = **it;
     child.partial.append(out.bytes);
@@ -204,6 +205,7 @@ bool Supervisor::AllExited() const {
 }
 
 JobOutcome Supervisor::Run() {
+  if (coordinator_ == nullptr) return JobOutcome{};  // nothing to supervise: a failed job
   while (true) {
     Pump(kRunPollSeconds);
     Reap();

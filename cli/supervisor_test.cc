@@ -357,6 +357,12 @@ TEST_F(SupervisorTest, AStopSignalWhileTheCoordinatorStartsKillsIt) {
   EXPECT_LT(clock_.Now(), 3);
 }
 
+TEST_F(SupervisorTest, WithoutACoordinatorThereIsNothingToWaitForOrRun) {
+  EXPECT_EQ(supervisor().WaitForCoordinator([] { return kPort; }).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(supervisor().Run().ExitCode(), 1);
+}
+
 TEST_F(SupervisorTest, StartFailuresAreErrors) {
   launcher_.FailNextSpawn();
   EXPECT_FALSE(supervisor().StartCoordinator({"coordinator"}).ok());
