@@ -1,6 +1,6 @@
-// The YAML job file (DESIGN.md §6) as validated option structs. Every field has a default, is
-// checked on load, and errors name the file, the field path and the offending value. Unknown fields
-// are errors too: a typo must not silently fall back to a default.
+// The YAML job file (docs/ARCHITECTURE.md) as validated option structs. Every field has a default,
+// is checked on load, and errors name the file, the field path and the offending value. Unknown
+// fields are errors too: a typo must not silently fall back to a default.
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,8 @@
-// What every flashdraft process that serves Prometheus metrics shares (DESIGN.md §7): one registry,
-// the families built the same way (prefix flashdraft_, base units, counters end in _total, no
-// unbounded labels), flashdraft_build_info, the standard process_* metrics read from /proc at
-// scrape time, and prometheus-cpp's Exposer serving /metrics on a "host:port" (port 0 picks one).
-// The coordinator's CoordinatorMetrics and the worker's WorkerMetrics are built on it.
+// What every flashdraft process that serves Prometheus metrics shares (docs/OBSERVABILITY.md): one
+// registry, the families built the same way (prefix flashdraft_, base units, counters end in
+// _total, no unbounded labels), flashdraft_build_info, the standard process_* metrics read from
+// /proc at scrape time, and prometheus-cpp's Exposer serving /metrics on a "host:port" (port 0
+// picks one). The coordinator's CoordinatorMetrics and the worker's WorkerMetrics are built on it.
 #pragma once
 
 #include <prometheus/counter.h>

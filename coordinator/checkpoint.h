@@ -1,5 +1,5 @@
-// Checkpoints on the local filesystem (DESIGN.md §4 CheckpointStore): a checkpoint is either whole
-// or absent. Layout under the checkpoint root:
+// Checkpoints on the local filesystem (docs/ARCHITECTURE.md CheckpointStore): a checkpoint is
+// either whole or absent. Layout under the checkpoint root:
 //   step-00000010/model.safetensors      the drafter's parameters (F32, parameter names)
 //   step-00000010/optimizer.safetensors  AdamW state (<name>.exp_avg, <name>.exp_avg_sq, step)
 //   step-00000010/config.json            the drafter's HF config (what `flashdraft export` needs)

@@ -1,4 +1,4 @@
-// The coordinator's Prometheus metrics (DESIGN.md §7; docs/OBSERVABILITY.md lists them). Served at
+// The coordinator's Prometheus metrics (docs/OBSERVABILITY.md lists them). Served at
 // job.metrics.listen (/metrics); the bound port is written to <output_dir>/metrics.port.
 #pragma once
 

@@ -1,5 +1,5 @@
-// The coordinator's schedule (DESIGN.md §2): global step s takes the next global batch in the
-// (seed, epoch) order, drops samples with fewer than 2·B loss tokens, truncates to max_seq_len,
+// The coordinator's schedule (docs/ARCHITECTURE.md): global step s takes the next global batch in
+// the (seed, epoch) order, drops samples with fewer than 2·B loss tokens, truncates to max_seq_len,
 // packs the batch into K token-balanced virtual shards, draws every sample's anchors from (seed,
 // step, sample) and computes Σw; rank r of W computes the contiguous shards [offsets[r],
 // offsets[r+1]). With train.virtual_shards set, K is fixed and the shards — what each forward and

@@ -1,7 +1,7 @@
-// The acks of the steps in flight in one membership epoch (DESIGN.md §2, the step protocol): each
-// rank's ack of a step, checked against the epoch and the committed step, and the step's record
-// once every rank acked, its shard results summed in shard order so that the record does not
-// depend on which rank computed what.
+// The acks of the steps in flight in one membership epoch (docs/ARCHITECTURE.md, the step
+// protocol): each rank's ack of a step, checked against the epoch and the committed step, and the
+// step's record once every rank acked, its shard results summed in shard order so that the record
+// does not depend on which rank computed what.
 //
 // Pure logic, not thread-safe: the coordinator calls it under its lock.
 #pragma once

@@ -1,5 +1,5 @@
-// steps.jsonl (DESIGN.md §7): one JSON record per committed step, in step order, and one per
-// membership change ({"event": "membership", ...}). Flushed after every line, so that a crash
+// steps.jsonl (docs/OBSERVABILITY.md): one JSON record per committed step, in step order, and one
+// per membership change ({"event": "membership", ...}). Flushed after every line, so that a crash
 // loses nothing that was committed; the coordinator writes a step's record before it checkpoints.
 #pragma once
 

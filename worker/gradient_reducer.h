@@ -1,5 +1,5 @@
-// Sums a step's gradients across ranks in buckets while backward is still running (DESIGN.md §4),
-// the way c10d's DDP reducer does:
+// Sums a step's gradients across ranks in buckets while backward is still running
+// (docs/ARCHITECTURE.md), the way c10d's DDP reducer does:
 //  - parameters are grouped, in reverse registration order (about the order backward produces
 //    their gradients), into flat buckets of at most `bucket_bytes` per dtype;
 //  - every parameter's .grad is an alias of its slice of its bucket, so autograd accumulates

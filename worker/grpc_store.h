@@ -1,6 +1,6 @@
 // A c10d Store over the coordinator's gRPC channel: the collective's rendezvous needs no extra port
-// and rides the authenticated connection (DESIGN.md §8). Blocking reads poll with backoff until the
-// store's timeout; the coordinator never blocks on them.
+// and rides the authenticated connection (docs/SECURITY.md). Blocking reads poll with backoff until
+// the store's timeout; the coordinator never blocks on them.
 #pragma once
 
 #include <memory>

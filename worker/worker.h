@@ -1,7 +1,7 @@
-// The worker process (DESIGN.md §2): joins the coordinator, forms the Gloo group through the
-// coordinator's store, fetches the frozen target tensors, then trains on one thread: for each of
-// its shards of a step forward + backward, then the gradient reduction, ack, wait for the commit,
-// optimizer step. gRPC threads only move bytes into a queue.
+// The worker process (docs/ARCHITECTURE.md): joins the coordinator, forms the Gloo group through
+// the coordinator's store, fetches the frozen target tensors, then trains on one thread: for each
+// of its shards of a step forward + backward, then the gradient reduction, ack, wait for the
+// commit, optimizer step. gRPC threads only move bytes into a queue.
 #pragma once
 
 #include <functional>

@@ -352,7 +352,7 @@ void WorkerSession::TrainStep(InboxItem item, double wait) {
   AwaitCommit(first);
 }
 
-// Only the commit makes the step real (DESIGN.md §2): until then gradients stay aside.
+// Only the commit makes the step real (docs/ARCHITECTURE.md): until then gradients stay aside.
 void WorkerSession::AwaitCommit(const v1::Microbatch& step) {
   progress_.Enter("idle", step.step(), false);
   while (true) {

@@ -1,9 +1,10 @@
 // One session of a worker with one coordinator process, after Join and FetchTensors: the Train
-// stream's protocol (DESIGN.md §2). Three threads: a reader (SessionInbox) turning the stream into
-// whole microbatches, commits, re-forms and the shutdown; a heartbeat thread (SessionMonitor); and
-// the training thread that runs Run(): for each membership epoch it forms the epoch's collective,
-// then for each step computes its shards, reduces the gradients, acks, and applies the step only
-// when the commit comes. The epoch's rank 0 uploads checkpoints from a side thread.
+// stream's protocol (docs/ARCHITECTURE.md). Three threads: a reader (SessionInbox) turning the
+// stream into whole microbatches, commits, re-forms and the shutdown; a heartbeat thread
+// (SessionMonitor); and the training thread that runs Run(): for each membership epoch it forms the
+// epoch's collective, then for each step computes its shards, reduces the gradients, acks, and
+// applies the step only when the commit comes. The epoch's rank 0 uploads checkpoints from a side
+// thread.
 //
 // It talks through a CoordinatorLink and keeps time with a Clock, so tests run it against a fake
 // link (and a real single-process collective) without a network.

@@ -1,6 +1,7 @@
-// Where training samples come from (DESIGN.md §4): offline shards or a target model run online.
-// A sample is {input_ids, loss_mask, hidden_states [S, n·H]}; sources are random access by a dense
-// sample index so that the scheduler can order them by (seed, epoch) and resume from a cursor.
+// Where training samples come from (docs/ARCHITECTURE.md): offline shards or a target model run
+// online. A sample is {input_ids, loss_mask, hidden_states [S, n·H]}; sources are random access by
+// a dense sample index so that the scheduler can order them by (seed, epoch) and resume from a
+// cursor.
 #pragma once
 
 #include <cstdint>

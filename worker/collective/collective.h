@@ -1,4 +1,4 @@
-// The gradient collective (DESIGN.md §4): Gloo on CPUs today, NCCL on GPUs with
+// The gradient collective (docs/ARCHITECTURE.md): Gloo on CPUs today, NCCL on GPUs with
 // FLASHDRAFT_WITH_CUDA. Every call has the timeout the collective was created with; errors come
 // back as absl::Status instead of exceptions.
 #pragma once

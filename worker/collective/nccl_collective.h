@@ -1,4 +1,4 @@
-// Collective over NCCL (DESIGN.md §4, built with -DFLASHDRAFT_WITH_CUDA=ON):
+// Collective over NCCL (docs/ARCHITECTURE.md, built with -DFLASHDRAFT_WITH_CUDA=ON):
 //  - one communicator per membership epoch: rank 0 makes NCCL's unique id and puts it in the
 //    rendezvous store under the epoch's prefix, every rank reads it there and joins; the
 //    communicator is created non-blocking, so a superseded epoch or the timeout stops the wait;
