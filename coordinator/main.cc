@@ -37,6 +37,89 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
+// SIGINT/SIGTERM end the job cleanly. Libraries start threads before main (LibTorch's and
+// OpenBLAS's pools), so a blocked mask cannot steer the signal to one thread: the handler only
+// writes to a pipe, and WatchSignals' thread turns that into RequestStop() or Abort().
+absl::Status InstallSignalPipe() {
+  if (pipe(g_signal_pipe) != 0) return absl::InternalError("pipe() failed");
+  struct sigaction action {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  return absl::OkStatus();
+}
+
+// The first SIGINT/SIGTERM stops the job gracefully (the step in flight commits, a checkpoint is
+// written, exit 0; before any step: a non-zero exit); a second one aborts at once.
+void WatchSignals(flashdraft::Coordinator* c) {
+  std::thread([c] {
+    for (int count = 0;; ++count) {
+      char sig = 0;
+      ssize_t n;
+      while ((n = read(g_signal_pipe[0], &sig, 1)) < 0 && errno == EINTR) {
+      }
+      if (n <= 0) return;
+      const std::string what = sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)";
+      if (count == 0) {
+        c->RequestStop(what);
+      } else {
+        c->Abort(absl::CancelledError(what));
+      }
+    }
+  }).detach();
+}
+
+// What this process will hold at its peak, from the job and the shapes alone (0: not known); a
+// job that cannot fit is refused before the target loads.
+absl::StatusOr<int64_t> CheckMemory(const flashdraft::JobConfig& job) {
+  absl::StatusOr<flashdraft::MemoryInputs> inputs = flashdraft::MemoryInputsForJob(job);
+  if (!inputs.ok()) return 0;
+  flashdraft::JobMemory memory =
+      flashdraft::EstimateJobMemory(job, *inputs, job.cluster.max_workers);
+  memory.workers = 0;  // this process only
+  const int64_t estimate = memory.coordinator.HostBytes();
+  LOG(INFO) << "expected peak memory: " << estimate / (1 << 20) << " MiB";
+  if (absl::Status s =
+          flashdraft::CheckJobFits(memory, flashdraft::AvailableHostMemory(), "this host");
+      !s.ok()) {
+    return s;
+  }
+  return estimate;
+}
+
+// The coordinator of `job` with the binary's model parts (online target, evaluator, initial
+// weights), started and listening; its port in `port_file` when one is given.
+absl::StatusOr<std::unique_ptr<flashdraft::Coordinator>> StartCoordinator(
+    const flashdraft::JobConfig& job, flashdraft::NumericEnv numerics,
+    const std::string& port_file) {
+  flashdraft::CoordinatorOptions options;
+  options.job = job;
+  options.initial_weights = flashdraft::WriteInitialWeights;
+  options.open_source = [](const flashdraft::JobConfig& j) {
+    return j.data.source == "target" ? flashdraft::OpenTargetSource(j)
+                                     : flashdraft::OpenShardBundle(j);
+  };
+  options.own_numerics = std::move(numerics);
+  auto coordinator = flashdraft::Coordinator::Create(std::move(options));
+  if (!coordinator.ok()) return coordinator.status();
+  if (job.eval.every_steps > 0) {
+    absl::StatusOr<flashdraft::CheckpointPipeline::Evaluator> evaluator =
+        flashdraft::MakeEvaluator(job);
+    if (!evaluator.ok()) return evaluator.status();
+    (*coordinator)->SetEvaluator(*std::move(evaluator));
+  }
+  if (absl::Status started = (*coordinator)->Start(); !started.ok()) return started;
+  if (!port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    std::ofstream(tmp) << (*coordinator)->port() << "\n";
+    std::rename(tmp.c_str(), port_file.c_str());
+  }
+  std::cout << "listening on port " << (*coordinator)->port() << std::endl;
+  return coordinator;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -55,84 +138,18 @@ int main(int argc, char** argv) {
   if (absl::Status s = flashdraft::PinBlasKernel(job->train.blas_kernel, argv); !s.ok()) {
     return Fail(s);
   }
-  const bool target_on_gpu = job->target.device == "cuda";
   flashdraft::NumericEnv numerics = flashdraft::ProbeNumericEnv(
-      flashdraft::CudaDeviceCount() > 0 ? flashdraft::CudaDeviceName(0) : "", target_on_gpu);
-
-  // SIGINT/SIGTERM end the job cleanly. Libraries start threads before main (LibTorch's and
-  // OpenBLAS's pools), so a blocked mask cannot steer the signal to one thread: the handler only
-  // writes to a pipe, and a waiter thread below turns that into Abort().
-  if (pipe(g_signal_pipe) != 0) return Fail(absl::InternalError("pipe() failed"));
-  struct sigaction action {};
-  action.sa_handler = OnSignal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
-
-  // What this process will hold at its peak, from the job and the shapes alone; a job that cannot
-  // fit is refused before the target loads.
-  int64_t estimate = 0;
-  if (absl::StatusOr<flashdraft::MemoryInputs> inputs = flashdraft::MemoryInputsForJob(*job);
-      inputs.ok()) {
-    flashdraft::JobMemory memory =
-        flashdraft::EstimateJobMemory(*job, *inputs, job->cluster.max_workers);
-    memory.workers = 0;  // this process only
-    estimate = memory.coordinator.HostBytes();
-    LOG(INFO) << "expected peak memory: " << estimate / (1 << 20) << " MiB";
-    if (absl::Status s =
-            flashdraft::CheckJobFits(memory, flashdraft::AvailableHostMemory(), "this host");
-        !s.ok()) {
-      return Fail(s);
-    }
-  }
-  flashdraft::CoordinatorOptions options;
-  options.job = *job;
-  options.initial_weights = flashdraft::WriteInitialWeights;
-  options.open_source = [](const flashdraft::JobConfig& j) {
-    return j.data.source == "target" ? flashdraft::OpenTargetSource(j)
-                                     : flashdraft::OpenShardBundle(j);
-  };
-  options.own_numerics = std::move(numerics);
-  auto coordinator = flashdraft::Coordinator::Create(std::move(options));
+      flashdraft::CudaDeviceCount() > 0 ? flashdraft::CudaDeviceName(0) : "",
+      job->target.device == "cuda");
+  if (absl::Status s = InstallSignalPipe(); !s.ok()) return Fail(s);
+  absl::StatusOr<int64_t> estimate = CheckMemory(*job);
+  if (!estimate.ok()) return Fail(estimate.status());
+  auto coordinator = StartCoordinator(*job, std::move(numerics), port_file);
   if (!coordinator.ok()) return Fail(coordinator.status());
-  if (job->eval.every_steps > 0) {
-    absl::StatusOr<flashdraft::CheckpointPipeline::Evaluator> evaluator =
-        flashdraft::MakeEvaluator(*job);
-    if (!evaluator.ok()) return Fail(evaluator.status());
-    (*coordinator)->SetEvaluator(*std::move(evaluator));
-  }
-  absl::Status started = (*coordinator)->Start();
-  if (!started.ok()) return Fail(started);
-  if (!port_file.empty()) {
-    const std::string tmp = port_file + ".tmp";
-    std::ofstream(tmp) << (*coordinator)->port() << "\n";
-    std::rename(tmp.c_str(), port_file.c_str());
-  }
-  std::cout << "listening on port " << (*coordinator)->port() << std::endl;
-
-  flashdraft::Coordinator* c = coordinator->get();
-  // The first SIGINT/SIGTERM stops the job gracefully (the step in flight commits, a checkpoint is
-  // written, exit 0; before any step: a non-zero exit); a second one aborts at once.
-  std::thread([c] {
-    for (int count = 0;; ++count) {
-      char sig = 0;
-      ssize_t n;
-      while ((n = read(g_signal_pipe[0], &sig, 1)) < 0 && errno == EINTR) {
-      }
-      if (n <= 0) return;
-      const std::string what = sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)";
-      if (count == 0) {
-        c->RequestStop(what);
-      } else {
-        c->Abort(absl::CancelledError(what));
-      }
-    }
-  }).detach();
-
-  absl::Status result = c->Run();
+  WatchSignals(coordinator->get());
+  absl::Status result = (*coordinator)->Run();
   LOG(INFO) << "peak memory: " << flashdraft::PeakResidentBytes() / (1 << 20) << " MiB"
-            << (estimate > 0 ? absl::StrCat(" (expected ", estimate / (1 << 20), " MiB)") : "");
+            << (*estimate > 0 ? absl::StrCat(" (expected ", *estimate / (1 << 20), " MiB)") : "");
   if (!result.ok()) return Fail(result);
   return 0;
 }
