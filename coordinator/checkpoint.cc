@@ -96,9 +96,9 @@ std::vector<std::string> CheckpointStore::Existing() const {
   return out;
 }
 
-absl::StatusOr<CheckpointInfo> CheckpointStore::Write(uint64_t completed_steps,
-                                                      const std::vector<OwnedTensor>& tensors,
-                                                      const std::string& numerics) const {
+absl::StatusOr<CheckpointInfo> CheckpointStore::Write(
+    uint64_t completed_steps, const std::vector<OwnedTensor>& tensors, const std::string& numerics,
+    const std::vector<std::string>& keep_also) const {
   SafetensorsWriter model, optimizer;
   model.SetMetadata("format", "pt");
   optimizer.SetMetadata("format", "pt");
@@ -165,7 +165,12 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::Write(uint64_t completed_steps,
   }
   FD_RETURN_IF_ERROR(SyncDirectory(root_));
   std::vector<std::pair<uint64_t, std::string>> all = ListCheckpoints(root_);
-  for (size_t i = 0; i + keep_last_ < all.size(); ++i) fs::remove_all(all[i].second, ec);
+  for (size_t i = 0; i + keep_last_ < all.size(); ++i) {
+    const std::string& dir = all[i].second;
+    if (std::find(keep_also.begin(), keep_also.end(), dir) == keep_also.end()) {
+      fs::remove_all(dir, ec);
+    }
+  }
   return CheckpointInfo{completed_steps,
                         final_dir,
                         final_dir + "/" + kModelFile,

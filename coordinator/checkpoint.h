@@ -43,11 +43,14 @@ class CheckpointStore {
                   std::string drafter_config_json = "");
 
   // Writes the checkpoint after `completed_steps` steps from uploaded tensors (names prefixed
-  // "drafter." or "adamw."; anything else is an error), then drops all but the newest keep_last.
-  // `numerics`: a JSON object recorded as checkpoint.json's "numerics" (none when empty).
+  // "drafter." or "adamw."; anything else is an error), then drops all but the newest keep_last
+  // except the directories in `keep_also` (an evaluation still reads them; the next Write drops
+  // them once they are no longer listed). `numerics`: a JSON object recorded as
+  // checkpoint.json's "numerics" (none when empty).
   absl::StatusOr<CheckpointInfo> Write(uint64_t completed_steps,
                                        const std::vector<OwnedTensor>& tensors,
-                                       const std::string& numerics = "") const;
+                                       const std::string& numerics = "",
+                                       const std::vector<std::string>& keep_also = {}) const;
   // The newest checkpoint, its files verified; nullopt when there is none. A damaged one is an
   // error naming the file (it is not skipped: a checkpoint is whole or absent).
   absl::StatusOr<std::optional<CheckpointInfo>> Latest() const;

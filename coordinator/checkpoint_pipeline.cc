@@ -117,7 +117,7 @@ absl::Status CheckpointPipeline::Take(uint64_t completed_steps) {
   const double start = clock_.Now();
   absl::StatusOr<std::vector<OwnedTensor>> tensors = AwaitUpload(completed_steps);
   if (!tensors.ok()) return tensors.status();
-  absl::StatusOr<CheckpointInfo> info = writer_(completed_steps, *tensors, numerics_());
+  absl::StatusOr<CheckpointInfo> info = writer_(completed_steps, *tensors, numerics_(), InUse());
   if (!info.ok()) return info.status();
   const double seconds = clock_.Now() - start;
   {
@@ -147,11 +147,11 @@ void CheckpointPipeline::EvalLoop() {
       if (stopping_) return;
       next = evals_.front();
       evals_.pop_front();
-      evaluating_ = true;
+      evaluating_ = next.second;
     }
     Evaluate(next.first, next.second);
     absl::MutexLock lock(&mu_);
-    evaluating_ = false;
+    evaluating_.clear();
   }
 }
 
@@ -159,7 +159,7 @@ void CheckpointPipeline::DrainEvaluations() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](CheckpointPipeline* p)
-           ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->evals_.empty() && !p->evaluating_; },
+           ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->evals_.empty() && p->evaluating_.empty(); },
       this));
 }
 
@@ -191,6 +191,14 @@ void CheckpointPipeline::Evaluate(uint64_t completed_steps, const std::string& d
       "eval after step %d: tau %.2f on %d prompt(s) (acceptance at position 1: %.2f) in %.1f s",
       completed_steps, eval->tau, eval->prompts, acceptance.empty() ? 0.0 : acceptance[0],
       eval->seconds);
+}
+
+std::vector<std::string> CheckpointPipeline::InUse() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> dirs;
+  for (const auto& [steps, dir] : evals_) dirs.push_back(dir);
+  if (!evaluating_.empty()) dirs.push_back(evaluating_);
+  return dirs;
 }
 
 CheckpointPipeline::Last CheckpointPipeline::last() const {

@@ -30,10 +30,11 @@ namespace flashdraft {
 
 class CheckpointPipeline : public UploadSink {
  public:
-  // Writes the checkpoint after `completed_steps` (CheckpointStore::Write; tests inject one).
+  // Writes the checkpoint after `completed_steps` (CheckpointStore::Write; tests inject one),
+  // pruning none of the checkpoint directories `in_use` (queued for or under evaluation).
   using Writer = std::function<absl::StatusOr<CheckpointInfo>(
       uint64_t completed_steps, const std::vector<OwnedTensor>& tensors,
-      const std::string& numerics)>;
+      const std::string& numerics, const std::vector<std::string>& in_use)>;
   // Speculative decoding with a checkpoint's weights (coordinator/evaluator.h).
   using Evaluator = std::function<absl::StatusOr<EvalSummary>(const std::string& checkpoint_dir)>;
   struct Options {
@@ -87,6 +88,8 @@ class CheckpointPipeline : public UploadSink {
   absl::StatusOr<std::vector<OwnedTensor>> AwaitUpload(uint64_t completed_steps);
   void EvalLoop();
   void Evaluate(uint64_t completed_steps, const std::string& dir);
+  // The checkpoint directories an evaluation still needs.
+  std::vector<std::string> InUse() const;
 
   const Options options_;
   const Writer writer_;
@@ -105,7 +108,7 @@ class CheckpointPipeline : public UploadSink {
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
   Last last_ ABSL_GUARDED_BY(mu_);
   std::deque<std::pair<uint64_t, std::string>> evals_ ABSL_GUARDED_BY(mu_);  // step, dir
-  bool evaluating_ ABSL_GUARDED_BY(mu_) = false;
+  std::string evaluating_ ABSL_GUARDED_BY(mu_);  // the directory under evaluation (empty: none)
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread eval_thread_;  // last: starts once the fields it reads are built
 };

@@ -173,8 +173,10 @@ void Coordinator::WireParts() {
   CheckpointStore* store = checkpoints_.get();
   pipeline_ = std::make_unique<CheckpointPipeline>(
       po, upload_specs_,
-      [store](uint64_t steps, const std::vector<OwnedTensor>& tensors,
-              const std::string& numerics) { return store->Write(steps, tensors, numerics); },
+      [store](uint64_t steps, const std::vector<OwnedTensor>& tensors, const std::string& numerics,
+              const std::vector<std::string>& in_use) {
+        return store->Write(steps, tensors, numerics, in_use);
+      },
       [this] {
         return controller_->NumericsRecord(own_numerics_, job_.train.precision,
                                            job_.train.intra_op_threads);
@@ -216,7 +218,7 @@ absl::Status Coordinator::Start() {
     FD_ASSIGN_OR_RETURN(std::string address, StartMetricsListener(job_, *metrics_));
     controller_->PublishScrapeTargets(
         std::move(address),
-        std::make_unique<LatestFileWriter>(job_.output_dir + "/prometheus/targets.json"));
+        std::make_unique<LatestFileWriter>(job_.output_dir + "/prometheus/targets.json", *clock_));
   }
   return absl::OkStatus();
 }

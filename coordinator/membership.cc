@@ -129,15 +129,15 @@ std::vector<Expiry> Membership::Expired() const {
   std::vector<Expiry> gone;
   for (const auto& [token, m] : members_) {
     if (m.state == MemberState::kJoined) {
-      if (now - m.since > options_.bind_timeout_seconds) {
+      if (now >= m.since + options_.bind_timeout_seconds) {
         gone.push_back({token, absl::StrCat("no Train stream within ",
                                             options_.bind_timeout_seconds, " s of joining")});
       }
-    } else if (now - m.last_heard > options_.heartbeat_timeout_seconds) {
+    } else if (now >= m.last_heard + options_.heartbeat_timeout_seconds) {
       gone.push_back({token, absl::StrCat("no message for ", options_.heartbeat_timeout_seconds,
                                           " s (heartbeat timeout)")});
     } else if (m.state == MemberState::kActive && m.busy && m.progress_at > 0 &&
-               now - m.progress_at > options_.stall_timeout_seconds) {
+               now >= m.progress_at + options_.stall_timeout_seconds) {
       gone.push_back({token, absl::StrFormat("its training thread has been stuck in %s of step "
                                              "%d for %.0f s (cluster.stall_timeout_seconds)",
                                              m.phase, m.step, now - m.progress_at)});

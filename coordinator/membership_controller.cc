@@ -202,7 +202,10 @@ void MembershipController::Drain(const v1::DrainRequest& request, v1::DrainReply
   const bool by_rank = request.worker_case() == v1::DrainRequest::kRank;
   const std::string token = by_rank ? membership_.TokenOfRank(static_cast<int>(request.rank()))
                                     : membership_.TokenOfWorker(request.worker_id());
-  if (token.empty() || request.worker_case() == v1::DrainRequest::WORKER_NOT_SET) {
+  // A rank of the current epoch may belong to a worker already lost (paused, before the next
+  // epoch forms): it is not in the job.
+  if (token.empty() || request.worker_case() == v1::DrainRequest::WORKER_NOT_SET ||
+      membership_.Find(token) == nullptr) {
     reply->set_accepted(false);
     reply->set_message(by_rank ? absl::StrCat("no worker has rank ", request.rank(),
                                               " in membership epoch ", membership_.epoch(), " (",
@@ -363,16 +366,18 @@ struct MembershipController::Wake {
 
 double MembershipController::ExpireLocked() {
   for (const Expiry& expired : membership_.Expired()) DropLocked(expired.token, expired.why);
-  const double timeout = options_.membership.heartbeat_timeout_seconds;
-  const double oldest = channels_.CloseUnbound(clock_.Now() - timeout, timeout);
-  unbound_expiry_ = oldest + timeout;
+  unbound_expiry_ =
+      channels_.CloseUnbound(clock_.Now(), options_.membership.heartbeat_timeout_seconds);
   return std::min(membership_.NextExpiry(), unbound_expiry_);
 }
 
 void MembershipController::WaitForChangeLocked(double deadline) {
-  const double next_expiry = ExpireLocked();
+  // Deadlines are due at exactly their moment (ExpireLocked drops everyone due by now), so the
+  // next expiry is in the future; a caller's deadline already reached ends the wait at once.
+  const double until = std::min(deadline, ExpireLocked());
+  if (until <= clock_.Now()) return;
   Wake wake{&version_, version_};
-  clock_.AwaitUntil(mu_, absl::Condition(&Wake::Changed, &wake), std::min(deadline, next_expiry));
+  clock_.AwaitUntil(mu_, absl::Condition(&Wake::Changed, &wake), until);
   ExpireLocked();
 }
 
@@ -521,6 +526,9 @@ CommittedStep MembershipController::Commit(uint64_t step, bool checkpoint) {
   if (checkpoint) {
     out.uploader = membership_.ranks()[0];  // the epoch's rank 0 uploads the state after it
     uploads_.Expect(out.uploader, step + 1);
+    // Lost after its ack (its token stays in the epoch's ranks until the next one forms): the
+    // upload cannot come, and the sink's earlier notice was about the previous checkpoint.
+    if (!membership_.Valid(out.uploader)) uploads_.WorkerGone(out.uploader);
   }
   const grpc::ByteBuffer bytes = MessageToBuffer(commit);
   for (const std::string& token : membership_.ranks()) channels_.Send(token, bytes);

@@ -61,6 +61,9 @@ StepDriver::State StepDriver::AwaitWorkers() {
     return State::kFinish;
   }
   if (changed_at_ == 0 && epoch_ > 0) changed_at_ = p_.clock->Now();
+  // Waiting lets the workers that asked to leave go, its uploader among them maybe: the
+  // checkpoint in flight is in first (or given up, when its uploader is lost).
+  p_.checkpoints->Wait();
   result_ = p_.controller->AwaitWorkers([this] { p_.board->SetState(JobState::kPaused); });
   return result_.ok() ? State::kFormEpoch : State::kFinish;
 }
@@ -218,7 +221,11 @@ void StepDriver::Report(const StepRecord& r) {
 }
 
 absl::Status StepDriver::Finish() {
-  if (!result_.ok()) p_.checkpoints->Cancel(result_);
+  // A failed job gives up the checkpoint in flight; the driver's own end (a step that kept
+  // failing, a source error) still lets it in: it is the step a resumed job starts from.
+  if (absl::Status failure = p_.controller->failure(); !failure.ok()) {
+    p_.checkpoints->Cancel(failure);
+  }
   p_.checkpoints->Wait();  // the last checkpoint is on disk before the workers go
   if (absl::Status failure = p_.controller->failure(); result_.ok() && !failure.ok()) {
     result_ = failure;  // e.g. that checkpoint failed

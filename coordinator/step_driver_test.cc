@@ -71,9 +71,8 @@ class Harness {
     pipeline_ = std::make_unique<CheckpointPipeline>(
         CheckpointPipeline::Options{/*upload_timeout_seconds=*/100, /*eval_every_steps=*/0},
         CheckpointUploadSpecs({{"w", DType::kF32, {2}}}),
-        [this](uint64_t steps, const std::vector<OwnedTensor>& tensors, const std::string&) {
-          return WriteCheckpoint(steps, tensors);
-        },
+        [this](uint64_t steps, const std::vector<OwnedTensor>& tensors, const std::string&,
+               const std::vector<std::string>&) { return WriteCheckpoint(steps, tensors); },
         [] { return std::string(); },
         [this](absl::Status failure) { controller_->Abort(std::move(failure)); }, metrics_, log_,
         clock_);
@@ -448,7 +447,7 @@ TEST(StepDriverTest, ABlockedScrapeTargetsWriterBlocksNoHeartbeat) {
   Harness h(setup);
   h.controller().PublishScrapeTargets(
       "127.0.0.1:1", std::make_unique<LatestFileWriter>(
-                         "targets.json", [&](const std::string&, const std::string&) {
+                         "targets.json", h.clock(), [&](const std::string&, const std::string&) {
                            absl::MutexLock lock(&mu);
                            ++writes;
                            mu.Await(absl::Condition(&release));

@@ -1,5 +1,6 @@
 #include "coordinator/stream_registry.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -58,12 +59,13 @@ void StreamRegistry::CloseAll(const grpc::Status& status, const grpc::ByteBuffer
   bound_.clear();
 }
 
-double StreamRegistry::CloseUnbound(double opened_before, double timeout_seconds) {
+double StreamRegistry::CloseUnbound(double now, double timeout_seconds) {
   absl::MutexLock lock(&mu_);
-  double oldest = std::numeric_limits<double>::infinity();
+  double next = std::numeric_limits<double>::infinity();
   for (auto it = unbound_.begin(); it != unbound_.end();) {
-    if (it->second >= opened_before) {
-      oldest = std::min(oldest, it->second);
+    const double expiry = it->second + timeout_seconds;
+    if (now < expiry) {
+      next = std::min(next, expiry);
       ++it;
       continue;
     }
@@ -72,7 +74,7 @@ double StreamRegistry::CloseUnbound(double opened_before, double timeout_seconds
         absl::StrCat("no first message on the Train stream within ", timeout_seconds, " s")));
     it = unbound_.erase(it);
   }
-  return oldest;
+  return next;
 }
 
 }  // namespace flashdraft

@@ -32,7 +32,7 @@ class StreamRegistry : public WorkerChannels {
   void Close(const std::string& token, const grpc::Status& status,
              const grpc::ByteBuffer* last = nullptr) override;
   void CloseAll(const grpc::Status& status, const grpc::ByteBuffer* last = nullptr) override;
-  double CloseUnbound(double opened_before, double timeout_seconds) override;
+  double CloseUnbound(double now, double timeout_seconds) override;
 
  private:
   const Clock& clock_;

@@ -34,9 +34,11 @@ class WorkerChannels {
                      const grpc::ByteBuffer* last = nullptr) = 0;
   // Close() on every bound stream.
   virtual void CloseAll(const grpc::Status& status, const grpc::ByteBuffer* last = nullptr) = 0;
-  // Ends the streams that sent no first message by `opened_before` (DEADLINE_EXCEEDED naming
-  // `timeout_seconds`); returns when the oldest remaining one opened (infinity: none).
-  virtual double CloseUnbound(double opened_before, double timeout_seconds) = 0;
+  // Ends the streams that sent no first message within `timeout_seconds` of opening, as of `now`
+  // (DEADLINE_EXCEEDED naming the timeout); returns when the next remaining one expires
+  // (infinity: none). A stream expires at exactly its open time + timeout (as Membership's
+  // deadlines do), so a wait until that moment never finds nothing to do.
+  virtual double CloseUnbound(double now, double timeout_seconds) = 0;
 };
 
 // For tests: a queue of what was sent to whom, in order, and the status each stream was closed
