@@ -56,6 +56,21 @@ TEST(CheckpointStoreTest, WritesWholeCheckpointsAndKeepsTheNewest) {
   EXPECT_EQ(std::vector<uint8_t>(view->data, view->data + view->nbytes), RandomBytes(128, 30));
 }
 
+TEST(CheckpointStoreTest, KeepsACheckpointUnderEvaluationUntilItIsNoLongerListed) {
+  TempDir dir;
+  CheckpointStore store(dir.Join("ckpt"), 1, "0badc0de");
+  auto first = store.Write(10, Upload(10));
+  ASSERT_TRUE(first.ok()) << first.status();
+  // An evaluation still reads step 10's files: keep_last 1 does not drop them yet.
+  ASSERT_TRUE(store.Write(20, Upload(20), "", {first->dir}).ok());
+  EXPECT_TRUE(std::filesystem::exists(first->dir));
+  EXPECT_TRUE(std::filesystem::exists(dir.Join("ckpt/step-00000020")));
+  ASSERT_TRUE(store.Write(30, Upload(30)).ok());  // the evaluation is over
+  EXPECT_FALSE(std::filesystem::exists(first->dir));
+  EXPECT_FALSE(std::filesystem::exists(dir.Join("ckpt/step-00000020")));
+  EXPECT_EQ(store.Existing().size(), 1u);
+}
+
 TEST(CheckpointStoreTest, DamagedCheckpointIsAnErrorNamingTheFile) {
   TempDir dir;
   CheckpointStore store(dir.Join("ckpt"), 3);

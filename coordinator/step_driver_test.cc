@@ -7,6 +7,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -223,6 +225,11 @@ class Workers {
     const int rank = static_cast<int>(mb.rank());
     // A rank acks a step once, at its first shard's header, for all its shards.
     if (static_cast<int64_t>(mb.shard()) != mb.shard_offsets(rank)) return;
+    if (hold_ && hold_(token, mb)) {
+      held_.emplace_back(token, mb);  // the test acks it later with OnMicrobatch
+      return;
+    }
+    acked_[token].push_back(mb.step());
     v1::StepAck ack;
     ack.set_step(mb.step());
     ack.set_membership_epoch(mb.membership_epoch());
@@ -276,12 +283,23 @@ class Workers {
   std::map<std::string, std::vector<uint64_t>> commits_;
   std::map<std::string, v1::Shutdown> shutdowns_;
   std::set<std::string> silent_;  // tokens that no longer ack
+  // Steps whose first header the test keeps back (in held_) instead of acking.
+  std::function<bool(const std::string&, const v1::Microbatch&)> hold_;
+  std::vector<std::pair<std::string, v1::Microbatch>> held_;
+  std::map<std::string, std::vector<uint64_t>> acked_;
   bool corrupt_upload_ = false;
   double loss_ = 2.0;
 
  private:
   Harness& h_;
 };
+
+// Waits (up to 30 s of real time) for `done`, which another thread makes true.
+template <typename Done>
+bool Eventually(Done done) {
+  for (int i = 0; i < 30000 && !done(); ++i) absl::SleepFor(absl::Milliseconds(1));
+  return done();
+}
 
 TEST(StepDriverTest, TrainsCommitsCheckpointsAndFinishes) {
   JobShape setup;
@@ -473,6 +491,129 @@ TEST(StepDriverTest, ABlockedScrapeTargetsWriterBlocksNoHeartbeat) {
   h.controller().Abort(absl::CancelledError("test over"));
   h.Start();
   EXPECT_TRUE(absl::IsCancelled(h.Finish()));
+}
+
+TEST(StepDriverTest, RankZeroLostAfterItsAckGivesUpItsCheckpoint) {
+  JobShape setup;
+  setup.max_workers = 2;
+  setup.total_steps = 4;
+  setup.checkpoint_every_steps = 1;
+  Harness h(setup);
+  Workers w(h);
+  const std::string a = h.Join("a"), b = h.Join("b");  // a: rank 0, the uploader
+  w.hold_ = [&](const std::string& token, const v1::Microbatch& mb) {
+    return token == b && mb.step() == 1;
+  };
+  h.BlockWriter();  // step 1's checkpoint (after step 0) stays in its writer
+  h.Start();
+  auto a_acked_step_1 = [&] { return std::count(w.acked_[a].begin(), w.acked_[a].end(), 1u) > 0; };
+  ASSERT_TRUE(
+      w.Until([&] { return !w.commits_[a].empty() && a_acked_step_1() && !w.held_.empty(); }));
+  ASSERT_TRUE(h.AwaitWriterWaiting());
+  // The driver waits for b's ack of step 1 on the clock (nobody else waits on it now).
+  ASSERT_TRUE(Eventually([&] { return h.clock().waiting() == 1; }));
+  w.hold_ = nullptr;
+  w.OnMicrobatch(w.held_[0].first, w.held_[0].second);
+  // Step 1 is acked by all: the driver leaves its wait and cannot see a change before Commit,
+  // where it first waits for the blocked writer.
+  ASSERT_TRUE(Eventually([&] { return h.clock().waiting() == 0; }));
+  h.controller().Lost(a, "the worker closed its stream");  // after its ack, before the commit
+  h.Unblock();
+  // Step 2's checkpoint had no uploader: skipped, not waited for until the upload timeout.
+  ASSERT_TRUE(w.Until([&] { return w.shutdowns_.count(b) > 0; }));
+  ASSERT_TRUE(h.Finish().ok());
+  EXPECT_EQ(w.commits_[b], (std::vector<uint64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(w.epoch_[b], 2u);
+  EXPECT_EQ(h.checkpoints(), (std::vector<uint64_t>{1, 3, 4}));
+}
+
+TEST(StepDriverTest, TimeoutsAreDueAtExactlyTheirMoment) {
+  JobShape setup;
+  setup.heartbeat_timeout = 20;
+  setup.join_timeout = 60;
+  Harness h(setup);
+  Workers w(h);
+  const std::string a = h.Join("a");
+  w.silent_.insert(a);
+  h.Start();
+  ASSERT_TRUE(w.Until([&] { return w.epoch_.count(a) > 0; }));
+  h.clock().Advance(20);  // exactly the heartbeat timeout
+  ASSERT_TRUE(h.board().AwaitState(JobState::kPaused, 30));
+  EXPECT_TRUE(h.channels().closed(a));
+  h.clock().Advance(60);  // exactly the join timeout
+  const absl::Status result = h.Finish();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(result)) << result;
+}
+
+TEST(StepDriverTest, DrainRefusesTheRankOfAWorkerAlreadyLost) {
+  JobShape setup;
+  setup.min_workers = setup.max_workers = 2;
+  setup.total_steps = 4;
+  Harness h(setup);
+  Workers w(h);
+  const std::string a = h.Join("a"), b = h.Join("b");
+  h.Start();
+  ASSERT_TRUE(w.Until([&] { return w.commits_[b].size() == 1; }));
+  h.controller().Lost(a, "the worker closed its stream");
+  ASSERT_TRUE(h.board().AwaitState(JobState::kPaused, 30));
+  // Paused, the epoch's ranks still name a: its rank is nobody's now.
+  v1::DrainRequest request;
+  request.set_rank(static_cast<uint32_t>(w.rank_[a]));
+  v1::DrainReply reply;
+  h.controller().Drain(request, &reply);
+  EXPECT_FALSE(reply.accepted());
+  EXPECT_THAT(reply.message(), HasSubstr("no worker has rank"));
+  request.set_rank(static_cast<uint32_t>(w.rank_[b]));
+  h.controller().Drain(request, &reply);
+  EXPECT_TRUE(reply.accepted()) << reply.message();
+  h.controller().Abort(absl::CancelledError("test over"));
+  EXPECT_TRUE(absl::IsCancelled(h.Finish()));
+}
+
+TEST(StepDriverTest, AStopRequestEndsAfterTheStepInFlightWithACheckpointAndNoExport) {
+  JobShape setup;
+  setup.total_steps = 10;
+  setup.checkpoint_every_steps = 0;
+  Harness h(setup);
+  Workers w(h);
+  const std::string a = h.Join("a");
+  h.Start();
+  ASSERT_TRUE(w.Until([&] { return w.commits_[a].size() == 1; }));
+  h.controller().RequestStop("signal 15");
+  ASSERT_TRUE(w.Until([&] { return w.shutdowns_.count(a) > 0; }));
+  ASSERT_TRUE(h.Finish().ok());
+  EXPECT_FALSE(w.shutdowns_[a].job_finished());
+  EXPECT_THAT(w.shutdowns_[a].reason(), HasSubstr("signal 15: stopped after step"));
+  EXPECT_EQ(h.board().state(), JobState::kStopped);
+  ASSERT_FALSE(w.commits_[a].empty());
+  EXPECT_LT(w.commits_[a].back(), 9u);
+  // The step the job stopped after is checkpointed (a resumed job starts there).
+  EXPECT_EQ(h.checkpoints(), (std::vector<uint64_t>{w.commits_[a].back() + 1}));
+}
+
+TEST(StepDriverTest, AFailedCollectiveNoLossExplainsReformsTheSameMembersAfterTheGrace) {
+  JobShape setup;
+  setup.max_workers = 2;
+  setup.checkpoint_every_steps = 0;
+  Harness h(setup);
+  Workers w(h);
+  const std::string a = h.Join("a"), b = h.Join("b");
+  w.silent_.insert(b);  // b's side of the all-reduce of step 0 "failed"
+  h.Start();
+  ASSERT_TRUE(w.Until([&] { return std::count(w.acked_[a].begin(), w.acked_[a].end(), 0u) > 0; }));
+  v1::CollectiveFailure failure;
+  failure.set_step(0);
+  failure.set_membership_epoch(1);
+  failure.set_error("gloo: connection reset by peer");
+  h.controller().OnCollectiveFailure(b, failure);
+  h.clock().Advance(2);  // ControllerOptions::collective_failure_grace_seconds; nobody was lost
+  ASSERT_TRUE(w.Until([&] { return w.epoch_[b] == 2; }));
+  w.silent_.clear();
+  ASSERT_TRUE(w.Until([&] { return w.shutdowns_.size() == 2; }));
+  ASSERT_TRUE(h.Finish().ok());
+  EXPECT_EQ(w.epoch_[a], 2u);
+  EXPECT_EQ(w.commits_[a], (std::vector<uint64_t>{0, 1, 2}));
+  EXPECT_EQ(w.commits_[b], (std::vector<uint64_t>{0, 1, 2}));
 }
 
 }  // namespace
