@@ -3,12 +3,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <functional>
-#include <map>
 #include <set>
-#include <type_traits>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -19,39 +15,13 @@
 #include "common/file_util.h"
 #include "common/numeric_env.h"
 #include "common/status_macros.h"
+#include "common/yaml_fields.h"
 
 namespace flashdraft {
 namespace {
 
-// A rule on a field's value; returns an explanation when the value is out of bounds.
-template <typename T>
-using Check = std::function<std::optional<std::string>(const T&)>;
-
-template <typename T>
-Check<T> AtLeast(T lo) {
-  return [lo](const T& v) -> std::optional<std::string> {
-    if (v < lo) return absl::StrCat("must be >= ", lo);
-    return std::nullopt;
-  };
-}
-
-template <typename T>
-Check<T> Between(T lo, T hi) {
-  return [lo, hi](const T& v) -> std::optional<std::string> {
-    if (v < lo || v > hi) return absl::StrCat("must be in [", lo, ", ", hi, "]");
-    return std::nullopt;
-  };
-}
-
-Check<double> Positive() {
-  return [](const double& v) -> std::optional<std::string> {
-    if (!(v > 0)) return std::string("must be > 0");
-    return std::nullopt;
-  };
-}
-
 // An OpenBLAS core name (OPENBLAS_CORETYPE), or empty.
-Check<std::string> BlasKernelName() {
+FieldCheck<std::string> BlasKernelName() {
   return [](const std::string& v) -> std::optional<std::string> {
     if (v.empty() || ValidBlasKernelName(v)) return std::nullopt;
     return std::string(
@@ -60,139 +30,17 @@ Check<std::string> BlasKernelName() {
   };
 }
 
-Check<std::string> OneOf(std::vector<std::string> options) {
-  return [options](const std::string& v) -> std::optional<std::string> {
-    for (const auto& o : options) {
-      if (v == o) return std::nullopt;
-    }
-    return absl::StrCat("must be one of: ", absl::StrJoin(options, ", "));
-  };
-}
-
-std::string TypeName(const int*) { return "an integer"; }
-std::string TypeName(const int64_t*) { return "an integer"; }
-std::string TypeName(const uint64_t*) { return "a non-negative integer"; }
-std::string TypeName(const double*) { return "a number"; }
-std::string TypeName(const bool*) { return "true or false"; }
-std::string TypeName(const std::string*) { return "a string"; }
-std::string TypeName(const std::vector<int>*) { return "a list of integers"; }
-
-template <typename T>
-bool Decode(const YAML::Node& node, T& out) {
-  if constexpr (std::is_same_v<T, std::vector<int>>) {
-    if (node.IsNull()) {
-      out.clear();
-      return true;
-    }
-    if (!node.IsSequence()) return false;
-    std::vector<int> v;
-    for (const YAML::Node& e : node) {
-      int x;
-      if (!e.IsScalar() || !YAML::convert<int>::decode(e, x)) return false;
-      v.push_back(x);
-    }
-    out = std::move(v);
-    return true;
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    if (node.IsNull()) {
-      out.clear();
-      return true;
-    }
-    if (!node.IsScalar()) return false;
-    out = node.Scalar();
-    return true;
-  } else {
-    if (!node.IsScalar()) return false;
-    if constexpr (std::is_same_v<T, uint64_t>) {
-      // yaml-cpp happily wraps "-1" into a huge unsigned; refuse signs explicitly.
-      if (!node.Scalar().empty() && node.Scalar()[0] == '-') return false;
-    }
-    return YAML::convert<T>::decode(node, out);
-  }
-}
-
-template <typename T>
-void Emit(YAML::Emitter& e, const T& v) {
-  if constexpr (std::is_same_v<T, std::vector<int>>) {
-    e << YAML::Flow << YAML::BeginSeq;
-    for (int x : v) e << x;
-    e << YAML::EndSeq;
-  } else if constexpr (std::is_same_v<T, double>) {
-    // The shortest precision that reads back exactly: 6e-4, not 0.00059999999999999995.
-    for (int precision = 6; precision <= 17; ++precision) {
-      YAML::Emitter probe;
-      probe << YAML::Precision(precision) << v;
-      if (YAML::Load(probe.c_str()).as<double>() == v || precision == 17) {
-        e << YAML::Precision(precision) << v;
-        return;
-      }
-    }
-  } else {
-    e << v;
-  }
-}
-
-struct Field {
-  std::string section;  // "" for top-level fields
-  std::string key;
-  std::function<absl::Status(JobConfig&, const YAML::Node&, const std::string& where)> set;
-  std::function<void(const JobConfig&, YAML::Emitter&)> emit;
-
-  std::string path() const { return section.empty() ? key : absl::StrCat(section, ".", key); }
-};
-
-template <typename T>
-Field MakeField(std::string section, std::string key, std::function<T&(JobConfig&)> ref,
-                Check<T> check = nullptr) {
-  Field f;
-  f.section = section;
-  f.key = key;
-  const std::string path = section.empty() ? key : absl::StrCat(section, ".", key);
-  f.set = [ref, check, path](JobConfig& c, const YAML::Node& node,
-                             const std::string& where) -> absl::Status {
-    // Errors quote the value as the user wrote it.
-    YAML::Emitter shown;
-    shown << YAML::Flow << node;
-    T value{};
-    if (!Decode(node, value)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": field '", path, "' must be ", TypeName(&value), ", got '", shown.c_str(), "'"));
-    }
-    if constexpr (std::is_same_v<T, std::string>) {
-      // Every string field is a name, a path or an address: one line of text. (A carriage return
-      // in one also printed back as YAML that read as another value.)
-      for (size_t i = 0; i < value.size(); ++i) {
-        const unsigned char c = static_cast<unsigned char>(value[i]);
-        if (c < 0x20 || c == 0x7f) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "%s: field '%s' = \"%s\" has a control character (byte %d is 0x%02x); names, paths "
-              "and addresses are one line of printable text",
-              where, path, absl::CHexEscape(value), i, c));
-        }
-      }
-    }
-    if (check) {
-      if (std::optional<std::string> why = check(value)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": field '", path, "' = ", shown.c_str(), " ", *why));
-      }
-    }
-    ref(c) = std::move(value);
-    return absl::OkStatus();
-  };
-  f.emit = [ref](const JobConfig& c, YAML::Emitter& e) { Emit(e, ref(const_cast<JobConfig&>(c))); };
-  return f;
-}
+using JobField = Field<JobConfig>;
 
 #define FD_FIELD(section, key, type, ...) \
-  MakeField<type>(                        \
+  MakeField<type, JobConfig>(             \
       #section, #key, [](JobConfig& c) -> type& { return c.section.key; }, ##__VA_ARGS__)
 #define FD_TOP_FIELD(key, type, ...) \
-  MakeField<type>(                   \
+  MakeField<type, JobConfig>(        \
       "", #key, [](JobConfig& c) -> type& { return c.key; }, ##__VA_ARGS__)
 
-const std::vector<Field>& Fields() {
-  static const std::vector<Field> fields = {
+const std::vector<JobField>& Fields() {
+  static const std::vector<JobField> fields = {
       FD_TOP_FIELD(name, std::string),
       FD_TOP_FIELD(output_dir, std::string),
 
@@ -278,27 +126,16 @@ const std::vector<Field>& Fields() {
   return fields;
 }
 
-const Field* FindField(const std::string& section, const std::string& key) {
-  for (const Field& f : Fields()) {
-    if (f.section == section && f.key == key) return &f;
-  }
-  return nullptr;
+const JobField* FindJobField(const std::string& section, const std::string& key) {
+  return FindField(Fields(), section, key);
 }
 
 std::vector<std::string> SectionNames() {
   std::vector<std::string> out;
-  for (const Field& f : Fields()) {
+  for (const JobField& f : Fields()) {
     if (!f.section.empty() && (out.empty() || out.back() != f.section)) out.push_back(f.section);
   }
   return out;
-}
-
-std::string KeysOf(const std::string& section) {
-  std::vector<std::string> keys;
-  for (const Field& f : Fields()) {
-    if (f.section == section) keys.push_back(f.key);
-  }
-  return absl::StrJoin(keys, ", ");
 }
 
 bool IsSection(const std::string& name) {
@@ -309,7 +146,7 @@ bool IsSection(const std::string& name) {
 }
 
 absl::Status Invalid(const std::string& source, const std::string& field, const std::string& why) {
-  return absl::InvalidArgumentError(absl::StrCat(source, ": field '", field, "' ", why));
+  return FieldError(source, field, why);
 }
 
 // The job as YAML without the fields named "section.key" in `leave_out`.
@@ -317,7 +154,7 @@ std::string EmitJobYaml(const JobConfig& config, const std::set<std::string>& le
   YAML::Emitter e;
   e << YAML::BeginMap;
   std::string open_section;
-  for (const Field& f : Fields()) {
+  for (const JobField& f : Fields()) {
     if (leave_out.count(f.section + "." + f.key) != 0) continue;
     if (f.section != open_section) {
       if (!open_section.empty()) e << YAML::EndMap;
@@ -518,12 +355,7 @@ double EffectiveLossDecayGamma(const JobConfig& c) {
 }
 
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::string& source) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid YAML: ", e.what()));
-  }
+  FD_ASSIGN_OR_RETURN(const YAML::Node root, LoadYaml(yaml_text, source));
   JobConfig config;
   if (root.IsNull()) {
     FD_RETURN_IF_ERROR(ValidateJobConfig(config, source));
@@ -532,16 +364,8 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std
   if (!root.IsMap()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": the job file must be a mapping"));
   }
-  // Keys are plain names; YAML also allows sequences and mappings as keys ("? [a]: 1").
-  auto key_of = [&](const YAML::Node& node) -> absl::StatusOr<std::string> {
-    if (!node.IsScalar()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": a key that is not a plain name (line ", node.Mark().line + 1, ")"));
-    }
-    return node.Scalar();
-  };
   for (const auto& entry : root) {
-    FD_ASSIGN_OR_RETURN(const std::string key, key_of(entry.first));
+    FD_ASSIGN_OR_RETURN(const std::string key, KeyName(entry.first, source));
     const YAML::Node& value = entry.second;
     if (IsSection(key)) {
       if (value.IsNull()) continue;
@@ -549,24 +373,16 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std
         return absl::InvalidArgumentError(
             absl::StrCat(source, ": section '", key, "' must be a mapping"));
       }
-      for (const auto& inner : value) {
-        FD_ASSIGN_OR_RETURN(const std::string field, key_of(inner.first));
-        const Field* f = FindField(key, field);
-        if (f == nullptr) {
-          return absl::InvalidArgumentError(absl::StrCat(source, ": unknown field '", key, ".",
-                                                         field, "' (known: ", KeysOf(key), ")"));
-        }
-        FD_RETURN_IF_ERROR(f->set(config, inner.second, source));
-      }
+      FD_RETURN_IF_ERROR(ReadMapping(value, Fields(), key, source, key, config));
       continue;
     }
-    const Field* f = FindField("", key);
+    const JobField* f = FindJobField("", key);
     if (f == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(source, ": unknown field '", key,
-                                                     "' (known: ", KeysOf(""), ", ",
+                                                     "' (known: ", KeysOf(Fields(), ""), ", ",
                                                      absl::StrJoin(SectionNames(), ", "), ")"));
     }
-    FD_RETURN_IF_ERROR(f->set(config, value, source));
+    FD_RETURN_IF_ERROR(f->set(config, value, source, f->path()));
   }
   FD_RETURN_IF_ERROR(ValidateJobConfig(config, source));
   return config;
@@ -588,9 +404,9 @@ absl::Status ApplyOverrides(JobConfig& config, const std::vector<std::string>& a
     const std::string path = assignment.substr(0, eq);
     const std::string text = assignment.substr(eq + 1);
     std::vector<std::string> parts = absl::StrSplit(path, '.');
-    const Field* f = nullptr;
-    if (parts.size() == 1) f = FindField("", parts[0]);
-    if (parts.size() == 2) f = FindField(parts[0], parts[1]);
+    const JobField* f = nullptr;
+    if (parts.size() == 1) f = FindJobField("", parts[0]);
+    if (parts.size() == 2) f = FindJobField(parts[0], parts[1]);
     if (f == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("override '", assignment, "': unknown field '", path, "'"));
@@ -602,7 +418,7 @@ absl::Status ApplyOverrides(JobConfig& config, const std::vector<std::string>& a
       return absl::InvalidArgumentError(
           absl::StrCat("override '", assignment, "': value is not valid YAML: ", e.what()));
     }
-    FD_RETURN_IF_ERROR(f->set(updated, node, "override"));
+    FD_RETURN_IF_ERROR(f->set(updated, node, "override", f->path()));
   }
   // Validated together: fields that go in pairs (tls_cert and tls_key) may come in two overrides.
   FD_RETURN_IF_ERROR(ValidateJobConfig(updated, "override"));
