@@ -15,8 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/command.h"
-#include "cli/security_flags.h"
 #include "common/security.h"
+#include "common/security_flags.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
 
 namespace flashdraft {

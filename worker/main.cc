@@ -10,11 +10,11 @@
 #include <csignal>
 #include <iostream>
 
-#include "cli/security_flags.h"
 #include "common/logging.h"
 #include "common/malloc_tuning.h"
 #include "common/numeric_env.h"
 #include "common/process_memory.h"
+#include "common/security_flags.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {

@@ -1,17 +1,11 @@
-// The client-side security flags shared by flashdraft-worker and `flashdraft status`
-// (docs/SECURITY.md). Paths only: the job secret itself never appears on a command line.
-#pragma once
+#include "common/security_flags.h"
 
 #include <CLI/CLI.hpp>
-#include <string>
-
-#include "common/security.h"
+#include <vector>
 
 namespace flashdraft {
 
-// --tls-ca, --tls-cert, --tls-key, --tls-server-name, --token-file, or instead of them --job: the
-// job file's security section (ClientSecurityFromJob resolves the two).
-inline void AddClientSecurityFlags(CLI::App& app, ClientSecurity& s, std::string& job_path) {
+void AddClientSecurityFlags(CLI::App& app, ClientSecurity& s, std::string& job_path) {
   std::vector<CLI::Option*> flags = {
       app.add_option("--tls-ca", s.tls_ca,
                      "PEM CA that signed the coordinator's certificate (turns TLS on)"),
