@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
+#include "common/shard_format.h"
 #include "common/status_macros.h"
-#include "coordinator/sources/shard_source.h"
 #include "model/synthetic_data.h"
 
 namespace flashdraft {

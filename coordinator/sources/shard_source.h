@@ -1,11 +1,5 @@
-// Offline shards: a directory with manifest.json and safetensors shard files, each holding many
-// samples back to back:
-//   input_ids [T] I64, loss_mask [T] U8, hidden_states [T, n·H] (BF16 or F32), offsets [k+1] I64
-// where sample i of the shard spans tokens offsets[i] .. offsets[i+1]. manifest.json:
-//   {"format": "flashdraft-shards-v1", "feature_size": n·H, "feature_dtype": "BF16",
-//    "num_samples": N, "shards": [{"file": "shard-00000.safetensors", "num_samples": k,
-//    "num_tokens": T}, ...], "metadata": {...}}
-// Shards are mapped, not read: features go to the wire straight from the page cache.
+// Offline shards (common/shard_format.h) as a HiddenStateSource: every shard mapped and checked
+// against the manifest when opened; features go to the wire straight from the page cache.
 #pragma once
 
 #include <map>
@@ -15,12 +9,10 @@
 
 #include "absl/status/statusor.h"
 #include "common/job_config.h"
-#include "common/safetensors.h"
+#include "common/shard_format.h"
 #include "coordinator/sources/hidden_state_source.h"
 
 namespace flashdraft {
-
-inline constexpr const char* kShardFormat = "flashdraft-shards-v1";
 
 class ShardSource : public HiddenStateSource {
  public:
@@ -37,11 +29,6 @@ class ShardSource : public HiddenStateSource {
   const std::string& dir() const { return dir_; }
 
  private:
-  struct Shard {
-    std::unique_ptr<SafetensorsFile> file;
-    TensorView input_ids, loss_mask, features;
-    std::vector<int64_t> offsets;
-  };
   struct Location {
     uint32_t shard;
     uint32_t local;
@@ -49,40 +36,8 @@ class ShardSource : public HiddenStateSource {
   std::string dir_;
   int64_t feature_size_ = 0;
   DType feature_dtype_ = DType::kBF16;
-  std::vector<Shard> shards_;
+  std::vector<ShardFile> shards_;
   std::vector<Location> locations_;
-  std::map<std::string, std::string> metadata_;
-};
-
-// Writes samples into shards of at most `samples_per_shard` and the manifest last (a directory
-// without a manifest is an unfinished write).
-class ShardWriter {
- public:
-  ShardWriter(std::string dir, int64_t feature_size, DType feature_dtype,
-              int64_t samples_per_shard);
-  // `features`: length × feature_size elements of the writer's dtype.
-  absl::Status Add(const std::vector<int64_t>& input_ids, const std::vector<int64_t>& loss_mask,
-                   const void* features);
-  void SetMetadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
-  // Adopts the complete shard files an interrupted run left in the directory (shard-00000, -00001,
-  // ... in order, each validated); returns how many samples they hold, to be skipped by the caller.
-  absl::StatusOr<int64_t> ResumeExisting();
-  absl::Status Finish();
-
- private:
-  absl::Status FlushShard();
-
-  std::string dir_;
-  int64_t feature_size_;
-  DType feature_dtype_;
-  int64_t samples_per_shard_;
-  std::vector<int64_t> ids_, offsets_{0};
-  std::vector<uint8_t> mask_, features_;
-  struct ShardInfo {
-    std::string file;
-    int64_t samples, tokens;
-  };
-  std::vector<ShardInfo> written_;
   std::map<std::string, std::string> metadata_;
 };
 
