@@ -54,7 +54,6 @@ void AddEvalCommand(CLI::App& app, Commands& out);            // eval
 void AddReportCommand(CLI::App& app, Commands& out);          // report
 void AddStatusCommand(CLI::App& app, Commands& out);          // status
 void AddExportCommand(CLI::App& app, Commands& out);          // export
-void AddPveCommand(CLI::App& app, Commands& out);             // pve
 void AddVersionCommand(CLI::App& app, Commands& out);         // version
 
 }  // namespace flashdraft

@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
         flashdraft::AddLaunchCommand, flashdraft::AddMakeShardsCommand,
         flashdraft::AddMakeTinyTargetCommand, flashdraft::AddMakeTargetCommand,
         flashdraft::AddPrepareCommand, flashdraft::AddEvalCommand, flashdraft::AddReportCommand,
-        flashdraft::AddStatusCommand, flashdraft::AddExportCommand, flashdraft::AddPveCommand,
+        flashdraft::AddStatusCommand, flashdraft::AddExportCommand,
         flashdraft::AddVersionCommand}) {
     add(app, commands);
   }

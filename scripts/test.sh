@@ -7,9 +7,10 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --tests
 
 # Sanitizers on what does not link LibTorch (Debian's LibTorch is not built for ASan).
-FLASHDRAFT_BUILD_DIR=build-asan FLASHDRAFT_TARGETS="flashdraft_common_test flashdraft_coordinator_test flashdraft_cli_test" \
+SANITIZED="flashdraft_common_test flashdraft_coordinator_test flashdraft_cli_test flashdraft_pve_test"
+FLASHDRAFT_BUILD_DIR=build-asan FLASHDRAFT_TARGETS="$SANITIZED" \
   scripts/build.sh -DFLASHDRAFT_SANITIZE=ON -DFLASHDRAFT_BUILD_BENCH=OFF
-for t in flashdraft_common_test flashdraft_coordinator_test flashdraft_cli_test; do
+for t in $SANITIZED; do
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 "build-asan/bin/$t" --gtest_brief=1
 done
 

@@ -596,37 +596,20 @@ TEST(DeployTest, ProxmoxDryRunIsWhatTheDocsShowAndBadClusterFilesAreRefused) {
     EXPECT_THAT(r.output, HasSubstr("cannot reach the Proxmox host root@pve.invalid over ssh"));
   }
 
+  // Bad cluster files: refused before anything runs, naming the file, the field and the value
+  // (every refusal is in deploy/proxmox/pve_cluster_test.cc; these show the program reports them).
   struct Case {
     std::string yaml, want;
   };
   const std::string ok_head = "host: root@pve1\ntemplate: local:vztmpl/d.tar.zst\n";
   const std::string coordinator = "  - {id: 200, role: coordinator, ip: 10.0.0.10/24}\n";
-  const std::string worker = "  - {id: 201, role: worker, ip: 10.0.0.11/24}\n";
   const std::vector<Case> cases = {
       {"[", "not valid YAML"},
-      {ok_head + "hots: x\n", "hots: unknown field (known: host, template"},
-      {"template: t\ncontainers: []\n", "host: is required"},
-      {ok_head + "containers:\n" + worker,
-       "containers: needs exactly one coordinator container, found 0"},
-      {ok_head + "containers:\n" + coordinator, "containers: needs at least one worker container"},
+      {ok_head + "hots: x\n", "unknown field 'hots' (known: host, template"},
       {ok_head + "containers:\n" + coordinator + "  - {id: 201, role: worker, ip: 10.0.0.300/24}\n",
-       "containers[1].ip: '10.0.0.300/24' is not an IPv4 address with a prefix"},
-      {ok_head + "containers:\n" + coordinator + "  - {id: 200, role: worker, ip: 10.0.0.12/24}\n",
-       "containers[1].id: 200 is used twice"},
-      {ok_head + "containers:\n  - {id: 200, role: coordinator, ip: 10.0.0.10/24, gpu: 0}\n" +
-           worker,
-       "containers[0].gpu: only workers take a GPU"},
-      {ok_head + "gpu_passthrough: vfio\ncontainers:\n" + coordinator + worker,
-       "gpu_passthrough: 'vfio' must be dev (Proxmox 8.2+) or cgroup"},
-      {"host: 'root@h; rm -rf /'\ntemplate: t\ncontainers:\n" + coordinator + worker,
-       "host: 'root@h; rm -rf /' is not allowed here"},
-      {ok_head + "containers:\n" + coordinator +
-           "  - {id: 201, role: worker, ip: 10.0.0.11/24, mounts: [{host: data, path: /d}]}\n",
-       "containers[1].mounts[0].host: 'data' must be an absolute path"},
-      {ok_head + "containers:\n" + coordinator + "  - {id: 201, role: gpu, ip: 10.0.0.11/24}\n",
-       "containers[1].role: 'gpu' must be coordinator or worker"},
-      {ok_head + "port: 70000\ncontainers:\n" + coordinator + worker,
-       "port: = 70000 must be in [1, 65535]"},
+       "field 'containers[1].ip' = 10.0.0.300/24 is not an IPv4 address with a prefix"},
+      {ok_head + "port: 70000\ncontainers:\n" + coordinator,
+       "field 'port' = 70000 must be in [1, 65535]"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string path = dir.Join(absl::StrCat("bad-", i, ".yaml"));

@@ -1,8 +1,6 @@
-// `flashdraft pve deploy|status|stop|rollback CLUSTER JOB`: a job in Proxmox LXC containers, one
-// coordinator container and one per worker (one per GPU), driven over ssh on the Proxmox host with
-// `pct`. Every change is a step with a check (run first: exit 0 means already so) and an action,
-// which makes a second deploy change nothing and --dry-run print exactly what would run.
-// deploy/proxmox/flashdraft-pve is the command users run; docs/DEPLOY.md.
+// The cluster file of flashdraft-pve (deploy/proxmox/cluster.example.yaml, docs/DEPLOY.md): the
+// Proxmox host, its network and storage, and the containers of a job. Read with the job file's
+// field machinery (common/yaml_fields.h): errors name the file, the field and the value.
 #pragma once
 
 #include <string>
@@ -45,24 +43,14 @@ struct PveCluster {
   std::vector<PveContainer> containers;
 };
 
-// Parses and checks a cluster file; errors name the file, the field and the value.
+// Parses and checks a cluster file (`source` names it in errors).
 absl::StatusOr<PveCluster> ParsePveCluster(const std::string& yaml_text, const std::string& source);
 
-struct PveOptions {
-  std::string command;  // deploy | status | stop | rollback
-  std::string cluster_path;
-  std::string job_path;
-  std::string deploy_dir;  // the project's deploy/ (systemd units, make-certs.sh)
-  std::string
-      state_dir;  // local: PKI and bundles; default <cluster file's dir>/flashdraft-pve-<job>
-  bool dry_run = false;
-  double join_timeout_seconds = 300;
-};
+// Names that go into commands, paths and unit instance names unquoted: letters, digits, - _ . and
+// the characters of `extra`.
+bool IsSafePveName(const std::string& s, const std::string& extra = "");
 
-int RunPve(const PveOptions& options);
-
-// The deploy/ directory next to this program: <bin>/../share/flashdraft/deploy when installed,
-// <bin>/../../deploy in a build tree; empty when neither has make-certs.sh.
-std::string FindDeployDir();
+// "a.b.c.d/n" -> "a.b.c.d".
+std::string PveAddress(const std::string& ip_with_prefix);
 
 }  // namespace flashdraft
