@@ -1,5 +1,5 @@
-// flashdraft-pve: deploys a flashdraft job into Proxmox LXC containers over ssh (deploy/proxmox/
-// pve.h, docs/DEPLOY.md). Flags only here; the library takes PveOptions.
+// flashdraft-pve: deploys a flashdraft job into Proxmox LXC containers over ssh
+// (deploy/proxmox/pve.h, docs/DEPLOY.md). Flags only here; the library takes PveOptions.
 #include <CLI/CLI.hpp>
 
 #include "deploy/proxmox/pve.h"

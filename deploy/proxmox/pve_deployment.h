@@ -19,6 +19,14 @@ inline constexpr char kPveOpt[] = "/opt/flashdraft";
 inline constexpr char kPveHostCache[] = "/var/tmp/flashdraft";
 
 struct PveDeployment {
+  PveDeployment() = default;
+  // Moves only: coordinator and workers point into cluster.containers, whose elements a move of
+  // the vector keeps where they are and a copy would not.
+  PveDeployment(PveDeployment&&) = default;
+  PveDeployment& operator=(PveDeployment&&) = default;
+  PveDeployment(const PveDeployment&) = delete;
+  PveDeployment& operator=(const PveDeployment&) = delete;
+
   PveCluster cluster;
   JobConfig job;  // as the coordinator container runs it
   std::string job_name;
