@@ -81,6 +81,52 @@ std::vector<std::pair<uint64_t, std::string>> ListCheckpoints(const std::string&
   return out;
 }
 
+// The upload's tensors into the model file ("drafter." names) and the optimizer file ("adamw.").
+absl::Status SplitUpload(const std::vector<OwnedTensor>& tensors, SafetensorsWriter& model,
+                         SafetensorsWriter& optimizer) {
+  model.SetMetadata("format", "pt");
+  optimizer.SetMetadata("format", "pt");
+  for (const OwnedTensor& t : tensors) {
+    const std::string& name = t.spec.name;
+    if (absl::StartsWith(name, kDrafterWeightPrefix)) {
+      FD_RETURN_IF_ERROR(model.Add(name.substr(std::strlen(kDrafterWeightPrefix)), t.spec.dtype,
+                                   t.spec.shape, t.bytes.data(), t.bytes.size()));
+    } else if (absl::StartsWith(name, kOptimizerStatePrefix)) {
+      FD_RETURN_IF_ERROR(optimizer.Add(name.substr(std::strlen(kOptimizerStatePrefix)),
+                                       t.spec.dtype, t.spec.shape, t.bytes.data(), t.bytes.size()));
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint upload: tensor '", name,
+                                                     "' is neither '", kDrafterWeightPrefix,
+                                                     "' nor '", kOptimizerStatePrefix, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Writes the model and optimizer files into `dir`; their CRC32C by file name. A large drafter's
+// state takes a while to write: the log says how far it is every 10 s.
+absl::StatusOr<nlohmann::json> WriteStateFiles(const std::string& dir, const std::string& label,
+                                               const SafetensorsWriter& model,
+                                               const SafetensorsWriter& optimizer, double total) {
+  nlohmann::json files = nlohmann::json::object();
+  Progress progress = Progress::ForLog(absl::StrCat("checkpoint ", label), total, "B");
+  double before = 0;
+  for (const auto& [file, writer] :
+       {std::pair<const char*, const SafetensorsWriter*>{kModelFile, &model},
+        {kOptimizerFile, &optimizer}}) {
+    uint64_t bytes = 0;
+    uint32_t crc = 0;
+    FD_RETURN_IF_ERROR(writer->Write(
+        dir + "/" + file,
+        [&](size_t written) { progress.Update(before + static_cast<double>(written)); }, &bytes,
+        &crc));
+    before += static_cast<double>(bytes);
+    files[file] = crc;
+  }
+  progress.Finish();
+  return files;
+}
+
 }  // namespace
 
 CheckpointStore::CheckpointStore(std::string root, int keep_last, std::string job,
@@ -100,22 +146,7 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::Write(
     uint64_t completed_steps, const std::vector<OwnedTensor>& tensors, const std::string& numerics,
     const std::vector<std::string>& keep_also) const {
   SafetensorsWriter model, optimizer;
-  model.SetMetadata("format", "pt");
-  optimizer.SetMetadata("format", "pt");
-  for (const OwnedTensor& t : tensors) {
-    const std::string& name = t.spec.name;
-    if (absl::StartsWith(name, kDrafterWeightPrefix)) {
-      FD_RETURN_IF_ERROR(model.Add(name.substr(std::strlen(kDrafterWeightPrefix)), t.spec.dtype,
-                                   t.spec.shape, t.bytes.data(), t.bytes.size()));
-    } else if (absl::StartsWith(name, kOptimizerStatePrefix)) {
-      FD_RETURN_IF_ERROR(optimizer.Add(name.substr(std::strlen(kOptimizerStatePrefix)),
-                                       t.spec.dtype, t.spec.shape, t.bytes.data(), t.bytes.size()));
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint upload: tensor '", name,
-                                                     "' is neither '", kDrafterWeightPrefix,
-                                                     "' nor '", kOptimizerStatePrefix, "'"));
-    }
-  }
+  FD_RETURN_IF_ERROR(SplitUpload(tensors, model, optimizer));
   std::error_code ec;
   fs::create_directories(root_, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", root_, ": ", ec.message()));
@@ -124,26 +155,10 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::Write(
   fs::remove_all(tmp_dir, ec);
   fs::create_directories(tmp_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp_dir, ": ", ec.message()));
-  nlohmann::json files = nlohmann::json::object();
-  // A large drafter's state takes a while to write: the log says how far it is every 10 s.
   double total = 0;
   for (const OwnedTensor& t : tensors) total += static_cast<double>(t.bytes.size());
-  Progress progress =
-      Progress::ForLog(absl::StrCat("checkpoint ", StepDirName(completed_steps)), total, "B");
-  double before = 0;
-  for (const auto& [file, writer] :
-       {std::pair<const char*, const SafetensorsWriter*>{kModelFile, &model},
-        {kOptimizerFile, &optimizer}}) {
-    uint64_t bytes = 0;
-    uint32_t crc = 0;
-    FD_RETURN_IF_ERROR(writer->Write(
-        tmp_dir + "/" + file,
-        [&](size_t written) { progress.Update(before + static_cast<double>(written)); }, &bytes,
-        &crc));
-    before += static_cast<double>(bytes);
-    files[file] = crc;
-  }
-  progress.Finish();
+  FD_ASSIGN_OR_RETURN(nlohmann::json files, WriteStateFiles(tmp_dir, StepDirName(completed_steps),
+                                                            model, optimizer, total));
   if (!drafter_config_json_.empty()) {
     FD_RETURN_IF_ERROR(WriteFileAtomically(tmp_dir + "/" + kConfigFile, drafter_config_json_));
     files[kConfigFile] = Crc32c(drafter_config_json_.data(), drafter_config_json_.size());
@@ -164,19 +179,24 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::Write(
         absl::StrCat("cannot rename ", tmp_dir, " to ", final_dir, ": ", ec.message()));
   }
   FD_RETURN_IF_ERROR(SyncDirectory(root_));
-  std::vector<std::pair<uint64_t, std::string>> all = ListCheckpoints(root_);
-  for (size_t i = 0; i + keep_last_ < all.size(); ++i) {
-    const std::string& dir = all[i].second;
-    if (std::find(keep_also.begin(), keep_also.end(), dir) == keep_also.end()) {
-      fs::remove_all(dir, ec);
-    }
-  }
+  Prune(keep_also);
   return CheckpointInfo{completed_steps,
                         final_dir,
                         final_dir + "/" + kModelFile,
                         final_dir + "/" + kOptimizerFile,
                         job_,
                         numerics};
+}
+
+void CheckpointStore::Prune(const std::vector<std::string>& keep_also) const {
+  std::vector<std::pair<uint64_t, std::string>> all = ListCheckpoints(root_);
+  std::error_code ec;
+  for (size_t i = 0; i + keep_last_ < all.size(); ++i) {
+    const std::string& dir = all[i].second;
+    if (std::find(keep_also.begin(), keep_also.end(), dir) == keep_also.end()) {
+      fs::remove_all(dir, ec);
+    }
+  }
 }
 
 absl::StatusOr<std::optional<CheckpointInfo>> CheckpointStore::Latest() const {

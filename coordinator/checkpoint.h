@@ -60,6 +60,9 @@ class CheckpointStore {
   const std::string& root() const { return root_; }
 
  private:
+  // Drops all but the newest keep_last checkpoints, except the directories in `keep_also`.
+  void Prune(const std::vector<std::string>& keep_also) const;
+
   std::string root_;
   int keep_last_;
   std::string job_;
