@@ -7,17 +7,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <filesystem>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/chunk_wire.h"
 #include "common/grpc_options.h"
 #include "common/tensor_codec.h"
@@ -39,51 +39,47 @@ class FakeLink : public CoordinatorLink {
   // --- the coordinator's side ---
   void Send(const v1::CoordinatorMessage& message) { SendBuffer(MessageToBuffer(message)); }
   void SendBuffer(grpc::ByteBuffer buffer) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     incoming_.push_back(std::move(buffer));
-    cv_.notify_all();
   }
   // The coordinator ends the stream (its writes fail from now on too).
   void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     closed_ = true;
-    cv_.notify_all();
   }
   // The first message written that `want` accepts; nullopt after 60 s.
   std::optional<v1::WorkerMessage> WaitFor(
       const std::function<bool(const v1::WorkerMessage&)>& want) {
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     std::optional<v1::WorkerMessage> found;
-    cv_.wait_for(lock, std::chrono::seconds(60), [&] {
-      for (const auto& m : written_) {
-        if (want(m)) {
-          found = m;
-          return true;
-        }
+    size_t seen = 0;  // messages already looked at
+    const auto look = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (; seen < written_.size() && !found; ++seen) {
+        if (want(written_[seen])) found = written_[seen];
       }
-      return false;
-    });
+      return found.has_value();
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&look), absl::Seconds(60));
     return found;
   }
   std::vector<v1::WorkerMessage> Written() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return written_;
   }
 
   // --- the worker's side ---
   bool Read(grpc::ByteBuffer* out) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !incoming_.empty() || closed_ || ended_; });
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &FakeLink::Readable));
     if (ended_ || incoming_.empty()) return false;
     *out = std::move(incoming_.front());
     incoming_.pop_front();
     return true;
   }
   bool Write(const v1::WorkerMessage& message) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (closed_ || ended_) return false;
     written_.push_back(message);
-    cv_.notify_all();
     return true;
   }
   // The fake coordinator ends the stream when the worker half-closes, as the real one does.
@@ -93,16 +89,18 @@ class FakeLink : public CoordinatorLink {
 
  private:
   void End() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ended_ = true;
-    cv_.notify_all();
+  }
+  bool Readable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !incoming_.empty() || closed_ || ended_;
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<grpc::ByteBuffer> incoming_;
-  std::vector<v1::WorkerMessage> written_;
-  bool closed_ = false, ended_ = false;
+  absl::Mutex mu_;
+  std::deque<grpc::ByteBuffer> incoming_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::WorkerMessage> written_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 v1::CoordinatorMessage ReformMessage(uint64_t epoch, uint64_t next_step) {

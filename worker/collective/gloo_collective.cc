@@ -1,11 +1,14 @@
 #include "worker/collective/gloo_collective.h"
 
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
+#include <memory>
+#include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace flashdraft {
 namespace {
@@ -74,58 +77,80 @@ std::unique_ptr<CollectiveWork> Done(const char* what) {
   return std::make_unique<GlooWork>(what, c10::intrusive_ptr<c10d::Work>(), absl::OkStatus());
 }
 
+// One group's rendezvous, shared by the thread that forms it and the caller, who may give up
+// first (the thread then finishes alone).
+struct Rendezvous {
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group ABSL_GUARDED_BY(mu);  // null: it failed
+  std::string error ABSL_GUARDED_BY(mu);
+};
+
+// Forms the group (blocks until every rank came or the timeout); null with `error` set when it
+// could not.
+c10::intrusive_ptr<c10d::ProcessGroupGloo> FormGroup(c10::intrusive_ptr<c10d::Store> store,
+                                                     int rank, int world_size,
+                                                     const GlooOptions& options,
+                                                     std::string* error) {
+  try {
+    auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    opts->devices.push_back(
+        options.interface.empty()
+            ? c10d::ProcessGroupGloo::createDeviceForHostname(
+                  options.address.empty() ? "127.0.0.1" : options.address)
+            : c10d::ProcessGroupGloo::createDeviceForInterface(options.interface));
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
+  } catch (const std::exception& e) {
+    *error = e.what();
+    return {};
+  }
+}
+
+// Waits until the rendezvous is done (true) or abort() says to give up (false), asked every
+// millisecond with the lock released.
+bool AwaitRendezvous(Rendezvous& r, const AbortCheck& abort) {
+  while (true) {
+    {
+      absl::MutexLock lock(&r.mu);
+      if (!abort) {
+        r.mu.Await(absl::Condition(&r.done));
+        return true;
+      }
+      if (r.mu.AwaitWithTimeout(absl::Condition(&r.done), absl::Milliseconds(1))) return true;
+    }
+    if (abort()) return false;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(
     c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, const GlooOptions& options,
     const AbortCheck& abort) {
   // The rendezvous runs on a thread of its own; an abandoned one finishes (or times out) there.
-  struct Shared {
-    std::mutex mu;
-    bool done = false;
-    c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+  auto rendezvous = std::make_shared<Rendezvous>();
+  std::thread([rendezvous, store, rank, world_size, options] {
     std::string error;
-  };
-  auto shared = std::make_shared<Shared>();
-  std::thread([shared, store, rank, world_size, options] {
-    c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
-    std::string error;
-    try {
-      auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
-      opts->devices.push_back(
-          options.interface.empty()
-              ? c10d::ProcessGroupGloo::createDeviceForHostname(
-                    options.address.empty() ? "127.0.0.1" : options.address)
-              : c10d::ProcessGroupGloo::createDeviceForInterface(options.interface));
-      group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    std::lock_guard<std::mutex> lock(shared->mu);
-    shared->group = std::move(group);
-    shared->error = std::move(error);
-    shared->done = true;
+    c10::intrusive_ptr<c10d::ProcessGroupGloo> group =
+        FormGroup(store, rank, world_size, options, &error);
+    absl::MutexLock lock(&rendezvous->mu);
+    rendezvous->group = std::move(group);
+    rendezvous->error = std::move(error);
+    rendezvous->done = true;
   }).detach();
-  while (true) {
-    {
-      std::lock_guard<std::mutex> lock(shared->mu);
-      if (shared->done) break;
-    }
-    if (abort && abort()) {
-      return absl::AbortedError(
-          absl::StrCat("forming the Gloo group (rank ", rank, " of ", world_size, ") abandoned"));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!AwaitRendezvous(*rendezvous, abort)) {
+    return absl::AbortedError(
+        absl::StrCat("forming the Gloo group (rank ", rank, " of ", world_size, ") abandoned"));
   }
-  std::lock_guard<std::mutex> lock(shared->mu);
-  if (!shared->group) {
+  absl::MutexLock lock(&rendezvous->mu);
+  if (!rendezvous->group) {
     return absl::UnavailableError(absl::StrCat("cannot form the Gloo process group (rank ", rank,
-                                               " of ", world_size, "): ", shared->error));
+                                               " of ", world_size, "): ", rendezvous->error));
   }
   auto c = std::unique_ptr<GlooCollective>(new GlooCollective());
   c->rank_ = rank;
   c->world_size_ = world_size;
-  c->group_ = std::move(shared->group);
+  c->group_ = std::move(rendezvous->group);
   return c;
 }
 
