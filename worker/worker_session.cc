@@ -35,6 +35,51 @@ absl::Status CheckShardLayout(const v1::Microbatch& h, const std::vector<int64_t
   return absl::OkStatus();
 }
 
+// A microbatch's tensor `name`; DATA_LOSS naming it (and what came) when the coordinator did not
+// send it.
+absl::StatusOr<torch::Tensor> ShardTensor(const InboxItem& item, const std::string& name) {
+  auto it = item.tensors.find(name);
+  if (it != item.tensors.end() && it->second.defined()) return it->second;
+  std::vector<std::string> sent;
+  for (const auto& [n, t] : item.tensors) sent.push_back(n);
+  return absl::DataLossError(absl::StrCat("step ", item.header.step(), " shard ",
+                                          item.header.shard(), ": the coordinator sent no '", name,
+                                          "' tensor (it sent [", absl::StrJoin(sent, ", "), "])"));
+}
+
+// A microbatch as the drafter takes it, on `device` (from pinned memory, queued on the default
+// stream when it is a GPU).
+absl::StatusOr<DrafterBatch> ShardBatch(const InboxItem& item, const torch::Device& device) {
+  DrafterBatch batch;
+  FD_ASSIGN_OR_RETURN(batch.input_ids, ShardTensor(item, "input_ids"));
+  FD_ASSIGN_OR_RETURN(batch.loss_mask, ShardTensor(item, "loss_mask"));
+  FD_ASSIGN_OR_RETURN(batch.hidden_states, ShardTensor(item, "hidden_states"));
+  FD_ASSIGN_OR_RETURN(batch.anchors, ShardTensor(item, "anchors"));
+  if (!device.is_cpu()) {
+    for (torch::Tensor* t :
+         {&batch.input_ids, &batch.loss_mask, &batch.hidden_states, &batch.anchors}) {
+      *t = t->to(device, /*non_blocking=*/true);
+    }
+  }
+  return batch;
+}
+
+// A shard without samples (a rank's part of a small step): nothing to compute.
+bool NoSamples(const DrafterBatch& batch) {
+  return batch.input_ids.dim() > 0 && batch.input_ids.size(0) == 0;
+}
+
+void SetShardResult(const DrafterLossResult& r, v1::ShardResult& out) {
+  out.set_weighted_loss_sum(r.weighted_ce_sum);
+  out.set_weight_sum(r.weight_sum);
+  out.set_tokens(r.tokens);
+  for (size_t k = 0; k < r.slot_total.size() && k < static_cast<size_t>(out.slot_total_size());
+       ++k) {
+    out.set_slot_correct(static_cast<int>(k), r.slot_correct[k]);
+    out.set_slot_total(static_cast<int>(k), r.slot_total[k]);
+  }
+}
+
 void ExitStuck() {
   LOG(ERROR) << "exiting (code 3) so that a supervisor starts this worker again";
   google::FlushLogFiles(google::GLOG_INFO);
@@ -59,7 +104,8 @@ WorkerSession::WorkerSession(SessionSetup setup, SessionHooks hooks)
       clock_(hooks.clock != nullptr ? *hooks.clock : RealClock::Get()),
       hooks_(std::move(hooks)),
       drafter_(setup_.drafter_config),
-      trainer_(drafter_, OptimizerOptionsOf(setup_.job)) {
+      trainer_(drafter_, OptimizerOptionsOf(setup_.job)),
+      uploader_([this](v1::WorkerMessage& m) { return Write(m); }, setup_.fault) {
   const JobConfig& job = setup_.job;
   params_ = drafter_->parameters();
   reduction_.bucket_bytes = static_cast<size_t>(job.cluster.allreduce_bucket_mib * (1 << 20));
@@ -118,10 +164,8 @@ absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Create(SessionSetu
   return session;
 }
 
-WorkerSession::~WorkerSession() {
-  // Run joins its threads; a session that never ran has none.
-  FinishUpload();
-}
+// Run joins its threads; a session that never ran has none. The uploader waits for its own.
+WorkerSession::~WorkerSession() = default;
 
 bool WorkerSession::Write(v1::WorkerMessage& message) {
   message.set_worker_id(setup_.worker_id);
@@ -234,122 +278,127 @@ void WorkerSession::HandleReform(const v1::Reform& r) {
 }
 
 void WorkerSession::TrainStep(InboxItem item, double wait) {
-  const v1::Microbatch first = item.header;
-  // This rank computes shards [offsets[rank], offsets[rank+1]) in order.
-  const std::vector<int64_t> offsets(first.shard_offsets().begin(), first.shard_offsets().end());
-  if (absl::Status s = CheckShardLayout(first, offsets, rank_, world_, virtual_shards_); !s.ok()) {
-    return End(s);
+  StepWork work;
+  work.wait = wait;
+  if (absl::Status s = BeginStep(item.header, work); !s.ok()) return End(s);
+  const int64_t begin = work.offsets[rank_], end = work.offsets[rank_ + 1];
+  for (int64_t shard = begin; shard < end; ++shard) {
+    if (shard > begin && !NextShard(work, item)) return;
+    if (absl::Status s = ComputeShard(item, shard, work); !s.ok()) return End(s);
   }
-  if (reduction_.ordered) {
-    if (absl::Status s = reducer_->BeginStep(first.num_shards(), offsets); !s.ok()) return End(s);
+  if (!ReduceGradients(work)) return;
+  RecordStep(work);
+  if (SendAck(work)) AwaitCommit(work.first);
+}
+
+absl::Status WorkerSession::BeginStep(const v1::Microbatch& first, StepWork& work) {
+  work.first = first;
+  work.offsets.assign(first.shard_offsets().begin(), first.shard_offsets().end());
+  FD_RETURN_IF_ERROR(CheckShardLayout(first, work.offsets, rank_, world_, virtual_shards_));
+  if (reduction_.ordered) FD_RETURN_IF_ERROR(reducer_->BeginStep(first.num_shards(), work.offsets));
+  last_step_ = first.step();
+  work.ack.set_step(first.step());
+  work.ack.set_membership_epoch(first.membership_epoch());
+  return absl::OkStatus();
+}
+
+bool WorkerSession::NextShard(StepWork& work, InboxItem& item) {
+  const double wait_start = clock_.Now();
+  item = Next();
+  work.wait += clock_.Now() - wait_start;
+  if (item.kind == InboxItem::kBatch) return true;
+  // A Reform, Shutdown or error mid-step: the step cannot finish in this epoch. Drop it and handle
+  // what interrupted it.
+  trainer_.DiscardGradients();
+  deferred_.push_front(std::move(item));
+  return false;
+}
+
+absl::Status WorkerSession::ComputeShard(const InboxItem& item, int64_t shard, StepWork& work) {
+  const v1::Microbatch& h = item.header;
+  const uint64_t step = work.first.step();
+  if (h.step() != step || h.shard() != shard ||
+      h.membership_epoch() != work.first.membership_epoch()) {
+    return absl::DataLossError(absl::StrCat("expected shard ", shard, " of step ", step,
+                                            ", the coordinator sent shard ", h.shard(), " of step ",
+                                            h.step()));
   }
-  const uint64_t step = first.step();
-  last_step_ = step;
-  v1::StepAck ack;
-  ack.set_step(step);
-  ack.set_membership_epoch(first.membership_epoch());
-  double forward = 0, backward = 0;
-  for (int64_t shard = offsets[rank_]; shard < offsets[rank_ + 1]; ++shard) {
-    if (shard > offsets[rank_]) {
-      const double wait_start = clock_.Now();
-      item = Next();
-      wait += clock_.Now() - wait_start;
-      if (item.kind != InboxItem::kBatch) {
-        // A Reform, Shutdown or error mid-step: the step cannot finish in this epoch. Drop it and
-        // handle what interrupted it.
-        trainer_.DiscardGradients();
-        deferred_.push_front(std::move(item));
-        return;
-      }
-    }
-    const v1::Microbatch& h = item.header;
-    if (h.step() != step || h.shard() != shard ||
-        h.membership_epoch() != first.membership_epoch()) {
-      return End(absl::DataLossError(absl::StrCat("expected shard ", shard, " of step ", step,
-                                                  ", the coordinator sent shard ", h.shard(),
-                                                  " of step ", h.step())));
-    }
-    v1::ShardResult* out = ack.add_shards();
-    out->set_shard(static_cast<uint32_t>(shard));
-    for (int k = 1; k < setup_.job.drafter.block_size; ++k) {
-      out->add_slot_correct(0);
-      out->add_slot_total(0);
-    }
-    DrafterBatch batch{item.tensors["input_ids"], item.tensors["loss_mask"],
-                       item.tensors["hidden_states"], item.tensors["anchors"]};
-    if (!device_.is_cpu()) {  // from pinned memory, queued on the default stream
-      for (torch::Tensor* t :
-           {&batch.input_ids, &batch.loss_mask, &batch.hidden_states, &batch.anchors}) {
-        if (t->defined()) *t = t->to(device_, /*non_blocking=*/true);
-      }
-    }
-    // Gradients accumulate into the reducer's buckets, whose exchanges start during the last
-    // shard's backward.
-    reducer_->Prepare();
-    if (!batch.input_ids.defined() || batch.input_ids.size(0) == 0) continue;
-    try {
-      double t = clock_.Now();
-      progress_.Enter("forward", step, true);
-      DrafterLossResult r = drafter_->Loss(batch, gamma_, h.global_weight_sum());
-      forward += clock_.Now() - t;
-      if (shard == offsets[rank_]) MaybeFault(setup_.fault, "forward", step, rank_, epoch_);
-      t = clock_.Now();
-      progress_.Enter("backward", step, true);
-      r.loss.backward();
-      backward += clock_.Now() - t;
-      out->set_weighted_loss_sum(r.weighted_ce_sum);
-      out->set_weight_sum(r.weight_sum);
-      out->set_tokens(r.tokens);
-      for (size_t k = 0; k < r.slot_total.size() && k < static_cast<size_t>(out->slot_total_size());
-           ++k) {
-        out->set_slot_correct(static_cast<int>(k), r.slot_correct[k]);
-        out->set_slot_total(static_cast<int>(k), r.slot_total[k]);
-      }
-    } catch (const std::exception& e) {
-      return End(absl::InternalError(
-          absl::StrCat("step ", step, " shard ", shard, ": forward/backward failed: ", e.what())));
-    }
+  v1::ShardResult* out = work.ack.add_shards();
+  out->set_shard(static_cast<uint32_t>(shard));
+  for (int k = 1; k < setup_.job.drafter.block_size; ++k) {
+    out->add_slot_correct(0);
+    out->add_slot_total(0);
   }
-  // Every rank takes part in every reduction. What is timed is the part of the exchange that
-  // backward did not hide.
+  FD_ASSIGN_OR_RETURN(DrafterBatch batch, ShardBatch(item, device_));
+  // Gradients accumulate into the reducer's buckets, whose exchanges start during the last
+  // shard's backward.
+  reducer_->Prepare();
+  if (NoSamples(batch)) return absl::OkStatus();
+  try {
+    double t = clock_.Now();
+    progress_.Enter("forward", step, true);
+    DrafterLossResult r = drafter_->Loss(batch, gamma_, h.global_weight_sum());
+    work.forward += clock_.Now() - t;
+    if (shard == work.offsets[rank_]) MaybeFault(setup_.fault, "forward", step, rank_, epoch_);
+    t = clock_.Now();
+    progress_.Enter("backward", step, true);
+    r.loss.backward();
+    work.backward += clock_.Now() - t;
+    SetShardResult(r, *out);
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat("step ", step, " shard ", shard, ": forward/backward failed: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+// Every rank takes part in every reduction. What is timed is the part of the exchange that
+// backward did not hide.
+bool WorkerSession::ReduceGradients(StepWork& work) {
+  const uint64_t step = work.first.step();
   const double t = clock_.Now();
   progress_.Enter("reduce", step, false);                   // waits for its peers
   MaybeFault(setup_.fault, "reduce", step, rank_, epoch_);  // its buckets are in flight
-  absl::Status reduced = reducer_->Finish([this] { return Superseded(); });
+  const absl::Status reduced = reducer_->Finish([this] { return Superseded(); });
   if (!reduced.ok()) {
     trainer_.DiscardGradients();
     if (!absl::IsAborted(reduced)) ReportCollectiveFailure(step, reduced);
-    return;
+    return false;
   }
-  v1::PhaseTimings* timings = ack.mutable_timings();
-  timings->set_wait_seconds(wait);
-  timings->set_forward_seconds(forward);
-  timings->set_backward_seconds(backward);
-  timings->set_allreduce_seconds(clock_.Now() - t);
+  work.allreduce = clock_.Now() - t;
+  return true;
+}
+
+void WorkerSession::RecordStep(StepWork& work) {
+  v1::PhaseTimings* timings = work.ack.mutable_timings();
+  timings->set_wait_seconds(work.wait);
+  timings->set_forward_seconds(work.forward);
+  timings->set_backward_seconds(work.backward);
+  timings->set_allreduce_seconds(work.allreduce);
   timings->set_optimizer_seconds(last_optimizer_seconds_);  // the previous step's
-  ack.set_collective_bytes(reducer_->bytes_sent());
-  if (hooks_.metrics && device_.is_cuda()) {
+  work.ack.set_collective_bytes(reducer_->bytes_sent());
+  if (hooks_.metrics == nullptr) return;
+  if (device_.is_cuda()) {
     if (absl::StatusOr<CudaMemory> m = CudaMemoryInfo(device_.index()); m.ok()) {
       hooks_.metrics->SetDeviceMemory(m->total_bytes - m->free_bytes, m->total_bytes);
     }
   }
-  if (hooks_.metrics) {
-    hooks_.metrics->RecordStep(
-        step,
-        {timings->wait_seconds(), timings->forward_seconds(), timings->backward_seconds(),
-         timings->allreduce_seconds(), timings->optimizer_seconds()},
-        ack.collective_bytes());
-  }
+  hooks_.metrics->RecordStep(
+      work.first.step(),
+      {timings->wait_seconds(), timings->forward_seconds(), timings->backward_seconds(),
+       timings->allreduce_seconds(), timings->optimizer_seconds()},
+      work.ack.collective_bytes());
+}
+
+bool WorkerSession::SendAck(StepWork& work) {
   v1::WorkerMessage m;
-  *m.mutable_ack() = std::move(ack);
-  if (!Write(m)) {
-    // The coordinator ended the stream; a Shutdown it sent before says whether that is the end
-    // (a step computed while the job was stopping is simply not acked).
-    while (!EndsSession(Next())) {
-    }
-    return;
+  *m.mutable_ack() = std::move(work.ack);
+  if (Write(m)) return true;
+  // The coordinator ended the stream; a Shutdown it sent before says whether that is the end (a
+  // step computed while the job was stopping is simply not acked).
+  while (!EndsSession(Next())) {
   }
-  AwaitCommit(first);
+  return false;
 }
 
 // Only the commit makes the step real (docs/ARCHITECTURE.md): until then gradients stay aside.
@@ -367,7 +416,12 @@ void WorkerSession::AwaitCommit(const v1::Microbatch& step) {
         progress_.Enter("optimizer", step.step(), true);
         trainer_.ApplyWithLearningRate(step.learning_rate());
         last_optimizer_seconds_ = clock_.Now() - t;
-        if (next.checkpoint && rank_ == 0) StartUpload(step.step() + 1);
+        if (next.checkpoint && rank_ == 0) {  // training goes on while a copy is sent
+          uploader_.Finish();  // the previous one, before its snapshot has a second one beside it
+          progress_.Enter("snapshot", step.step(), true);
+          uploader_.Start(SnapshotState(*drafter_, trainer_.optimizer()), step.step() + 1, rank_,
+                          epoch_);
+        }
         return;
       }
       case InboxItem::kReform:
@@ -386,35 +440,6 @@ void WorkerSession::AwaitCommit(const v1::Microbatch& step) {
         return;
     }
   }
-}
-
-// Rank 0 snapshots its state and sends it from a side thread while training goes on; one upload
-// at a time.
-void WorkerSession::StartUpload(uint64_t completed_steps) {
-  FinishUpload();
-  progress_.Enter("snapshot", completed_steps - 1, true);
-  upload_ = std::thread([this, snapshot = SnapshotState(*drafter_, trainer_.optimizer()),
-                         completed_steps, at_epoch = epoch_, at_rank = rank_] {
-    bool corrupt = FaultDue(setup_.fault, "corrupt", completed_steps, at_rank, at_epoch);
-    absl::Status sent = SendCheckpoint(
-        snapshot, completed_steps,
-        [&](v1::WorkerMessage& m) {
-          if (corrupt && m.has_tensor_chunk()) {  // fault test: one chunk with a wrong CRC
-            LOG(WARNING) << "FLASHDRAFT_FAULT: corrupting the checkpoint upload";
-            m.mutable_tensor_chunk()->set_crc32c(m.tensor_chunk().crc32c() ^ 1);
-            corrupt = false;
-          }
-          return Write(m);
-        },
-        [&] { MaybeFault(setup_.fault, "upload", completed_steps, at_rank, at_epoch); });
-    if (!sent.ok()) {
-      LOG(WARNING) << "checkpoint upload after step " << completed_steps << ": " << sent.message();
-    }
-  });
-}
-
-void WorkerSession::FinishUpload() {
-  if (upload_.joinable()) upload_.join();
 }
 
 // The heartbeat thread: a SessionMonitor tick every 100 ms until the session ends.
@@ -475,7 +500,7 @@ absl::Status WorkerSession::Run(CoordinatorLink& link) {
   stop_heartbeats_.Notify();
   heartbeat_.join();
   if (!result.ok()) link.Cancel();
-  FinishUpload();
+  uploader_.Finish();
   link.WritesDone();
   reader_.join();
   link.Finish();

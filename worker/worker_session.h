@@ -31,6 +31,7 @@
 #include "flashdraft/v1/coordinator.pb.h"
 #include "model/drafter.h"
 #include "model/trainer.h"
+#include "worker/checkpoint_uploader.h"
 #include "worker/collective/gloo_collective.h"
 #include "worker/coordinator_link.h"
 #include "worker/fault.h"
@@ -118,12 +119,32 @@ class WorkerSession {
   void ReportCollectiveFailure(uint64_t step, const absl::Status& why);
   bool Superseded() const { return inbox_.newest_epoch() > epoch_; }
 
+  // One step of this rank while it is computed: what it was told and what it acks.
+  struct StepWork {
+    v1::Microbatch first;          // the step's first microbatch's header
+    std::vector<int64_t> offsets;  // this rank computes shards [offsets[rank], offsets[rank+1])
+    v1::StepAck ack;
+    double wait = 0, forward = 0, backward = 0, allreduce = 0;  // seconds
+  };
+
   // A step whose first microbatch is `first` (already waited `wait` seconds for): this rank's
   // shards, the reduction, the ack, then the commit.
   void TrainStep(InboxItem first, double wait);
+  // The step's shard layout checked, the reducer told; an error ends the session.
+  absl::Status BeginStep(const v1::Microbatch& first, StepWork& work);
+  // The step's next microbatch into `item`. False: something else came first (the step is dropped
+  // and what came is handled next).
+  bool NextShard(StepWork& work, InboxItem& item);
+  // Forward and backward of `shard` (its gradients into the reducer's buckets), its numbers into
+  // the ack. An error (a microbatch of another shard, a tensor missing) ends the session.
+  absl::Status ComputeShard(const InboxItem& item, int64_t shard, StepWork& work);
+  // The gradient exchange. False: the step is dropped (a newer epoch, or the collective failed).
+  bool ReduceGradients(StepWork& work);
+  // The phase times into the ack and the metrics.
+  void RecordStep(StepWork& work);
+  // Sends the ack; false when the stream is gone (the session has ended then).
+  bool SendAck(StepWork& work);
   void AwaitCommit(const v1::Microbatch& step);
-  void StartUpload(uint64_t completed_steps);
-  void FinishUpload();
 
   void Heartbeats();
 
@@ -141,7 +162,7 @@ class WorkerSession {
 
   SessionInbox inbox_;
   SessionProgress progress_;
-  std::thread reader_, heartbeat_, upload_;
+  std::thread reader_, heartbeat_;
   absl::Notification stop_heartbeats_;
 
   // The training thread's own.
@@ -154,6 +175,8 @@ class WorkerSession {
   std::optional<absl::Status> end_;
   double last_optimizer_seconds_ = 0;
   uint64_t last_step_ = 0;
+  // Rank 0's checkpoint uploads (last: its thread writes through this session's link).
+  CheckpointUploader uploader_;
 };
 
 }  // namespace flashdraft

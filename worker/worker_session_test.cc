@@ -227,8 +227,9 @@ class WorkerSessionTest : public ::testing::Test {
     return {std::make_unique<DrafterTrainer>(d, OptimizerOptionsOf(job_)), d};
   }
 
-  // Step `step`'s shards of `epoch`, as the coordinator streams them.
-  void SendStep(uint64_t step, uint64_t epoch, double weight_sum, int num_shards = kShards) {
+  // Step `step`'s shards of `epoch`, as the coordinator streams them (without the tensor `omit`).
+  void SendStep(uint64_t step, uint64_t epoch, double weight_sum, int num_shards = kShards,
+                const std::string& omit = "") {
     for (int shard = 0; shard < kShards; ++shard) {
       const DrafterBatch& b = batches_[shard];
       v1::CoordinatorMessage m;
@@ -243,12 +244,13 @@ class WorkerSessionTest : public ::testing::Test {
       h->set_num_shards(num_shards);
       h->add_shard_offsets(0);
       h->add_shard_offsets(num_shards);
-      h->set_num_tensors(4);
+      h->set_num_tensors(omit.empty() ? 4 : 3);
       link_.Send(m);
       for (const auto& [name, t] : {std::pair<std::string, torch::Tensor>{"input_ids", b.input_ids},
                                     {"loss_mask", b.loss_mask},
                                     {"hidden_states", b.hidden_states},
                                     {"anchors", b.anchors}}) {
+        if (name == omit) continue;
         for (auto& buffer : ChunkBuffers(name, t)) link_.SendBuffer(std::move(buffer));
       }
     }
@@ -426,6 +428,23 @@ TEST_F(WorkerSessionTest, AShardLayoutThatIsNotTheJobsIsFatal) {
   EXPECT_TRUE(absl::IsDataLoss(s)) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("shard layout"));
   EXPECT_TRUE(link_.WaitFor([](const v1::WorkerMessage& m) { return !m.error().empty(); }));
+}
+
+// A microbatch is looked up by the names the coordinator sends: one without its hidden states
+// ends the session with an error that names the tensor, told to the coordinator.
+TEST_F(WorkerSessionTest, AMicrobatchWithoutATensorEndsTheSessionNamingIt) {
+  auto session = NewSession();
+  ASSERT_NE(session, nullptr);
+  Start(*session);
+  link_.Send(ReformMessage(1, 0));
+  SendStep(0, 1, WeightSum(), kShards, /*omit=*/"hidden_states");
+  absl::Status s = Join();
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("sent no 'hidden_states' tensor"));
+  auto error = link_.WaitFor([](const v1::WorkerMessage& m) { return !m.error().empty(); });
+  ASSERT_TRUE(error.has_value());
+  EXPECT_THAT(error->error(), HasSubstr("'hidden_states'"));
+  for (const auto& m : link_.Written()) EXPECT_FALSE(m.has_ack());
 }
 
 TEST_F(WorkerSessionTest, StartingWeightsOfAnotherShapeAreRefused) {
