@@ -8,57 +8,90 @@
 
 #include <CLI/CLI.hpp>
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
+#include <string>
 
+#include "common/job_config.h"
 #include "common/logging.h"
 #include "common/malloc_tuning.h"
 #include "common/numeric_env.h"
 #include "common/process_memory.h"
 #include "common/security_flags.h"
+#include "worker/leave_request.h"
 #include "worker/worker.h"
 
-int main(int argc, char** argv) {
-  flashdraft::InitLogging(argv[0]);
-  flashdraft::TuneMallocForStreaming();
-  CLI::App app{"flashdraft worker: trains the drafter on microbatches from the coordinator"};
+namespace {
+
+// What the SIGTERM handler sets (a handler reaches nothing else); the worker reads it.
+flashdraft::LeaveRequest leave_request;
+
+// The command line, parsed into `options`.
+struct Flags {
   flashdraft::WorkerOptions options;
-  app.add_option("--coordinator", options.coordinator, "coordinator address host:port");
   bool probe = false;
-  app.add_flag("--probe", probe,
+  std::string job_path;
+};
+
+void AddFlags(CLI::App& app, Flags& f) {
+  flashdraft::WorkerOptions& o = f.options;
+  app.add_option("--coordinator", o.coordinator, "coordinator address host:port");
+  app.add_flag("--probe", f.probe,
                "print what this worker can run (collectives, CUDA devices) and exit; launch asks "
                "before a GPU job");
-  app.add_option("--id", options.worker_id, "worker name (default host:pid)");
-  app.add_option("--connect-timeout", options.connect_timeout_seconds,
+  app.add_option("--id", o.worker_id, "worker name (default host:pid)");
+  app.add_option("--connect-timeout", o.connect_timeout_seconds,
                  "seconds to wait for the coordinator")
       ->capture_default_str();
-  app.add_option("--reconnect-timeout", options.reconnect_timeout_seconds,
+  app.add_option("--reconnect-timeout", o.reconnect_timeout_seconds,
                  "seconds to keep joining again after the coordinator went away")
       ->capture_default_str();
-  app.add_option("--fetch-timeout", options.fetch_timeout_seconds,
+  app.add_option("--fetch-timeout", o.fetch_timeout_seconds,
                  "seconds the model's tensors may take to arrive")
       ->capture_default_str();
-  app.add_option("--metrics-listen", options.metrics_listen,
+  app.add_option("--metrics-listen", o.metrics_listen,
                  "serve /metrics here (host:port, port 0 picks one; 'off': none); default: the "
                  "job's metrics.worker_listen");
-  app.add_option("--metrics-port-file", options.metrics_port_file,
+  app.add_option("--metrics-port-file", o.metrics_port_file,
                  "write the bound metrics port here once serving");
-  app.add_option("--cuda-device", options.cuda_device,
+  app.add_option("--cuda-device", o.cuda_device,
                  "worker.device cuda: the GPU ordinal among the visible ones (default: the local "
                  "rank's, LOCAL_RANK or SLURM_LOCALID; the only one under CUDA_VISIBLE_DEVICES)")
       ->check(CLI::Range(0, 1023));
-  std::string job_path;
-  flashdraft::AddClientSecurityFlags(app, options.security, job_path);
-  CLI11_PARSE(app, argc, argv);
-  if (probe) {
-    std::cout << flashdraft::ProbeWorker();
-    return 0;
+  flashdraft::AddClientSecurityFlags(app, o.security, f.job_path);
+}
+
+// NCCL's own bootstrap and socket traffic on the job's private interface (unless set already).
+// Process-wide, so here rather than in the session.
+void ConfigureProcessForJob(const flashdraft::JobConfig& job) {
+  if (job.cluster.backend == "nccl" && !job.cluster.collective_interface.empty()) {
+    setenv("NCCL_SOCKET_IFNAME", job.cluster.collective_interface.c_str(), /*overwrite=*/0);
   }
-  if (app.count("--coordinator") == 0) {
-    std::cerr << "flashdraft-worker: error: --coordinator is required\n";
-    return 2;
-  }
+}
+
+// SIGTERM: leave at the next step boundary and exit 0; a second SIGTERM ends it at once.
+void LeaveOnSigterm() {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { leave_request.Request(); };
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+// The job is left or over: a SIGTERM during the teardown (launch sends one to every worker still
+// there when the job ends) ends it at once, as the success it is.
+void ExitOnSigterm() {
+  struct sigaction done {};
+  done.sa_handler = [](int) { _exit(0); };
+  sigemptyset(&done.sa_mask);
+  sigaction(SIGTERM, &done, nullptr);
+}
+
+// Trains with the parsed flags; the process's exit code.
+int Train(Flags& f, char** argv) {
+  flashdraft::WorkerOptions& options = f.options;
   absl::StatusOr<flashdraft::ClientSecurity> security =
-      flashdraft::ClientSecurityFromJob(job_path, options.security);
+      flashdraft::ClientSecurityFromJob(f.job_path, options.security);
   if (!security.ok()) {
     std::cerr << "flashdraft-worker: error: " << security.status().message() << "\n";
     return 2;
@@ -67,23 +100,35 @@ int main(int argc, char** argv) {
   options.pin_blas_kernel = [argv](const std::string& kernel) {
     return flashdraft::PinBlasKernel(kernel, argv);
   };
-  // SIGTERM: leave at the next step boundary and exit 0; a second SIGTERM ends it at once.
-  struct sigaction sa {};
-  sa.sa_handler = [](int) { flashdraft::RequestLeave(); };
-  sa.sa_flags = SA_RESETHAND;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
+  options.leave = &leave_request;
+  options.configure_process = ConfigureProcessForJob;
+  LeaveOnSigterm();
   absl::Status s = flashdraft::RunWorker(options);
   LOG(INFO) << "peak memory: " << flashdraft::PeakResidentBytes() / (1 << 20) << " MiB";
   if (!s.ok()) {
     std::cerr << "flashdraft-worker: error: " << s.message() << "\n";
     return 1;
   }
-  // The job is left or over: a SIGTERM during the teardown (launch sends one to every worker
-  // still there when the job ends) ends it at once, as the success it is.
-  struct sigaction done {};
-  done.sa_handler = [](int) { _exit(0); };
-  sigemptyset(&done.sa_mask);
-  sigaction(SIGTERM, &done, nullptr);
+  ExitOnSigterm();
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  flashdraft::InitLogging(argv[0]);
+  flashdraft::TuneMallocForStreaming();
+  CLI::App app{"flashdraft worker: trains the drafter on microbatches from the coordinator"};
+  Flags flags;
+  AddFlags(app, flags);
+  CLI11_PARSE(app, argc, argv);
+  if (flags.probe) {
+    std::cout << flashdraft::ProbeWorker();
+    return 0;
+  }
+  if (app.count("--coordinator") == 0) {
+    std::cerr << "flashdraft-worker: error: --coordinator is required\n";
+    return 2;
+  }
+  return Train(flags, argv);
 }

@@ -3,10 +3,10 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -23,6 +23,7 @@
 #include "flashdraft/v1/coordinator.grpc.pb.h"
 #include "glog/logging.h"
 #include "model/numeric_probe.h"
+#include "worker/collective/collective_factory.h"
 #include "worker/coordinator_link.h"
 #include "worker/fault.h"
 #include "worker/grpc_store.h"
@@ -35,13 +36,13 @@ namespace {
 
 double Now() { return RealClock::Get().Now(); }
 
-// Set by RequestLeave (SIGTERM): leave the job at the next step boundary.
-std::atomic<bool> g_leave_requested{false};
+// Whether main's SIGTERM asked this worker to leave the job.
+bool Leaving(const WorkerOptions& o) { return o.leave != nullptr && o.leave->requested(); }
 
 // Sleeps up to `seconds`, waking early when asked to leave.
-void SleepUnlessLeaving(double seconds) {
+void SleepUnlessLeaving(const WorkerOptions& o, double seconds) {
   const double until = Now() + seconds;
-  while (!g_leave_requested && Now() < until) {
+  while (!Leaving(o) && Now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
@@ -80,13 +81,6 @@ absl::Status StartMetrics(const WorkerOptions& o, const JobConfig& job, const Nu
   return absl::OkStatus();
 }
 
-// The collectives this binary can form (the coordinator refuses a worker without the job's).
-#if FLASHDRAFT_WITH_CUDA
-constexpr const char* kBuiltBackends = "gloo,nccl";
-#else
-constexpr const char* kBuiltBackends = "gloo";
-#endif
-
 // cuda:<local rank>: with one visible GPU (CUDA_VISIBLE_DEVICES set per worker by launch, Slurm's
 // --gpus-per-task, a container's device) that one; with several, the local rank's
 // (LOCAL_RANK or SLURM_LOCALID) among them. Counted by the CUDA runtime, not LibTorch: NCCL's
@@ -121,7 +115,7 @@ v1::JoinRequest MakeJoinRequest(const WorkerOptions& o, const NumericEnv& numeri
   c.set_hostname(host);
   c.set_device(torch::cuda::is_available() ? absl::StrCat("cuda x", torch::cuda::device_count())
                                            : "cpu");
-  c.set_backend(kBuiltBackends);
+  c.set_backend(BuiltCollectiveBackends());
   if (absl::StatusOr<CudaMemory> m = CudaMemoryInfo(0); m.ok()) {
     c.set_device_memory_bytes(static_cast<uint64_t>(m->total_bytes));
   }
@@ -129,30 +123,20 @@ v1::JoinRequest MakeJoinRequest(const WorkerOptions& o, const NumericEnv& numeri
   return join;
 }
 
-// One session with one coordinator process: join, fetch, train until the job ends. UNAVAILABLE
-// when the coordinator could not be reached or went away (RunWorker joins again).
-absl::Status RunSession(const WorkerOptions& o, const NumericEnv& numerics,
-                        MetricsEndpoint& endpoint) {
-  FD_ASSIGN_OR_RETURN(const FaultPlan fault, ParseFault(std::getenv("FLASHDRAFT_FAULT")));
-  FD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
-                      CreateSecureChannel(o.coordinator, o.security));
-  std::shared_ptr<v1::Coordinator::Stub> stub = v1::Coordinator::NewStub(channel);
-
-  // --- Join: admission and the job; the rank comes with the first epoch's Reform ---
-  const v1::JoinRequest join = MakeJoinRequest(o, numerics);
-  v1::JoinReply reply;
-  // Short attempts up to connect_timeout_seconds, so that a SIGTERM meanwhile is seen.
+// Join: admission and the job; the rank comes with the first epoch's Reform. Short attempts up to
+// connect_timeout_seconds, so that a SIGTERM meanwhile is seen. nullopt: asked to leave first.
+absl::StatusOr<std::optional<v1::JoinReply>> Join(v1::Coordinator::Stub& stub,
+                                                  const v1::JoinRequest& join,
+                                                  const WorkerOptions& o) {
   const double join_start = Now();
   while (true) {
-    if (g_leave_requested) {
-      LOG(INFO) << "asked to leave before joining";
-      return absl::OkStatus();
-    }
+    if (Leaving(o)) return std::nullopt;
     grpc::ClientContext ctx;
     ctx.set_wait_for_ready(true);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
-    grpc::Status s = stub->Join(&ctx, join, &reply);
-    if (s.ok()) break;
+    v1::JoinReply reply;
+    grpc::Status s = stub.Join(&ctx, join, &reply);
+    if (s.ok()) return reply;
     if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {  // fatal: joining again won't help
       return absl::UnauthenticatedError(absl::StrCat("the coordinator at ", o.coordinator, " ",
                                                      s.error_message(), " (--token-file)"));
@@ -164,19 +148,28 @@ absl::Status RunSession(const WorkerOptions& o, const NumericEnv& numerics,
           absl::StrCat("cannot join the coordinator at ", o.coordinator, ": ", s.error_message()));
     }
   }
-  if (!reply.accepted()) {
-    // Another OpenBLAS kernel than the job pins: start again with it (once; it does not return).
-    const absl::Status pinned = !reply.blas_kernel().empty() && o.pin_blas_kernel
-                                    ? o.pin_blas_kernel(reply.blas_kernel())
-                                    : absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "refused by the coordinator: ", reply.reason(), pinned.ok() ? "" : "; ", pinned.message()));
-  }
-  FD_ASSIGN_OR_RETURN(JobConfig job,
-                      ParseJobConfig(reply.job_config_yaml(), "the coordinator's job"));
-  FD_ASSIGN_OR_RETURN(
-      DrafterModelConfig config,
-      ParseDrafterConfig(reply.drafter_config_json(), "the coordinator's drafter config"));
+}
+
+// A refusal as an error. Another OpenBLAS kernel than the job pins: start again with it (once; it
+// does not return).
+absl::Status CheckAdmitted(const v1::JoinReply& reply, const WorkerOptions& o) {
+  if (reply.accepted()) return absl::OkStatus();
+  const absl::Status pinned = !reply.blas_kernel().empty() && o.pin_blas_kernel
+                                  ? o.pin_blas_kernel(reply.blas_kernel())
+                                  : absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("refused by the coordinator: ", reply.reason(),
+                                                    pinned.ok() ? "" : "; ", pinned.message()));
+}
+
+// The job the coordinator admitted this worker to, into `setup`; the process set up for it
+// (metrics, intra-op threads).
+absl::Status AcceptJob(const WorkerOptions& o, const v1::JoinRequest& join,
+                       const v1::JoinReply& reply, const NumericEnv& numerics,
+                       MetricsEndpoint& endpoint, SessionSetup& setup) {
+  FD_ASSIGN_OR_RETURN(setup.job, ParseJobConfig(reply.job_config_yaml(), "the coordinator's job"));
+  FD_ASSIGN_OR_RETURN(setup.drafter_config, ParseDrafterConfig(reply.drafter_config_json(),
+                                                               "the coordinator's drafter config"));
+  const JobConfig& job = setup.job;
   FD_RETURN_IF_ERROR(StartMetrics(o, job, numerics, endpoint));
   if (endpoint.metrics) endpoint.metrics->Joined();
   // One thread count for the whole job (train.intra_op_threads): some reductions split by it.
@@ -184,34 +177,54 @@ absl::Status RunSession(const WorkerOptions& o, const NumericEnv& numerics,
   LOG(INFO) << "joined as '" << join.worker_id() << "' with " << job.train.intra_op_threads
             << " intra-op thread(s), precision " << job.train.precision << ", on "
             << job.worker.device;
-
-  SessionSetup setup;
   setup.worker_id = join.worker_id();
   setup.session_token = reply.session_token();
-  setup.drafter_config = config;
-  setup.fault = fault;
   setup.metrics_address = endpoint.address;
-  // The frozen target tensors and the starting weights, both from the coordinator.
-  FD_ASSIGN_OR_RETURN(setup.fetched,
-                      FetchTensors(channel, setup.session_token, o.fetch_timeout_seconds));
-  setup.store = c10::make_intrusive<GrpcStore>(stub, setup.session_token,
-                                               std::chrono::milliseconds(static_cast<int64_t>(
-                                                   job.cluster.collective_timeout_seconds * 1000)));
-  setup.gloo.interface = job.cluster.collective_interface;
-  if (setup.gloo.interface.empty()) {
-    FD_ASSIGN_OR_RETURN(setup.gloo.address, LocalAddressToward(o.coordinator));
-    LOG(INFO) << "collective traffic on " << setup.gloo.address
+  return absl::OkStatus();
+}
+
+// Where the job's collective runs: on cluster.collective_interface, else on the address that
+// reaches the coordinator; on the GPU of --cuda-device, else the local rank's.
+absl::Status PlaceCollective(const WorkerOptions& o, SessionSetup& setup) {
+  if (setup.job.cluster.collective_interface.empty()) {
+    FD_ASSIGN_OR_RETURN(setup.collective_address, LocalAddressToward(o.coordinator));
+    LOG(INFO) << "collective traffic on " << setup.collective_address
               << " (the address that reaches the coordinator; cluster.collective_interface "
                  "names another)";
   }
   setup.cuda_device = o.cuda_device >= 0 ? o.cuda_device : LocalCudaDevice();
-  if (job.cluster.backend == "nccl" && !job.cluster.collective_interface.empty()) {
-    // NCCL's own bootstrap and socket traffic on the same private interface (unless set).
-    setenv("NCCL_SOCKET_IFNAME", job.cluster.collective_interface.c_str(), /*overwrite=*/0);
+  return absl::OkStatus();
+}
+
+// One session with one coordinator process: join, fetch, train until the job ends. UNAVAILABLE
+// when the coordinator could not be reached or went away (RunWorker joins again).
+absl::Status RunSession(const WorkerOptions& o, const NumericEnv& numerics,
+                        MetricsEndpoint& endpoint) {
+  FD_ASSIGN_OR_RETURN(const FaultPlan fault, ParseFault(std::getenv("FLASHDRAFT_FAULT")));
+  FD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                      CreateSecureChannel(o.coordinator, o.security));
+  std::shared_ptr<v1::Coordinator::Stub> stub = v1::Coordinator::NewStub(channel);
+  const v1::JoinRequest join = MakeJoinRequest(o, numerics);
+  FD_ASSIGN_OR_RETURN(const std::optional<v1::JoinReply> reply, Join(*stub, join, o));
+  if (!reply) {
+    LOG(INFO) << "asked to leave before joining";
+    return absl::OkStatus();
   }
-  setup.job = std::move(job);
+  FD_RETURN_IF_ERROR(CheckAdmitted(*reply, o));
+  SessionSetup setup;
+  FD_RETURN_IF_ERROR(AcceptJob(o, join, *reply, numerics, endpoint, setup));
+  setup.fault = fault;
+  // The frozen target tensors and the starting weights, both from the coordinator.
+  FD_ASSIGN_OR_RETURN(setup.fetched,
+                      FetchTensors(channel, setup.session_token, o.fetch_timeout_seconds));
+  setup.store = c10::make_intrusive<GrpcStore>(
+      stub, setup.session_token,
+      std::chrono::milliseconds(
+          static_cast<int64_t>(setup.job.cluster.collective_timeout_seconds * 1000)));
+  FD_RETURN_IF_ERROR(PlaceCollective(o, setup));
+  if (o.configure_process) o.configure_process(setup.job);  // before any group forms
   SessionHooks hooks;
-  hooks.leave_requested = &g_leave_requested;
+  hooks.leave = o.leave;
   hooks.metrics = endpoint.metrics.get();
   FD_ASSIGN_OR_RETURN(auto session, WorkerSession::Create(std::move(setup), hooks));
   GrpcCoordinatorLink link(channel);
@@ -220,10 +233,8 @@ absl::Status RunSession(const WorkerOptions& o, const NumericEnv& numerics,
 
 }  // namespace
 
-void RequestLeave() { g_leave_requested = true; }
-
 std::string ProbeWorker() {
-  std::string out = absl::StrCat("backends: ", kBuiltBackends, "\n",
+  std::string out = absl::StrCat("backends: ", BuiltCollectiveBackends(), "\n",
                                  "torch_cuda: ", torch::cuda::is_available() ? "yes" : "no", "\n");
   const absl::Status usable = CudaDeviceUsable();
   absl::StrAppend(&out, "cuda_devices: ", usable.ok() ? CudaDeviceCount() : 0, "\n");
@@ -244,7 +255,7 @@ absl::Status RunWorker(const WorkerOptions& o) {
   while (true) {
     const double started = Now();
     absl::Status s = RunSession(o, numerics, metrics);
-    if (g_leave_requested && (s.ok() || absl::IsUnavailable(s))) {
+    if (Leaving(o) && (s.ok() || absl::IsUnavailable(s))) {
       LOG(INFO) << "left the job (SIGTERM)";
       return absl::OkStatus();
     }
@@ -258,7 +269,7 @@ absl::Status RunWorker(const WorkerOptions& o) {
     if (waited + backoff > o.reconnect_timeout_seconds) return s;
     LOG(WARNING) << s.message() << "; joining again in " << backoff << " s (for up to "
                  << o.reconnect_timeout_seconds - waited << " s more)";
-    SleepUnlessLeaving(backoff);
+    SleepUnlessLeaving(o, backoff);
     backoff = std::min(backoff * 2, 8.0);
   }
 }

@@ -9,8 +9,11 @@
 
 #include "absl/status/status.h"
 #include "common/security.h"
+#include "worker/leave_request.h"
 
 namespace flashdraft {
+
+struct JobConfig;
 
 struct WorkerOptions {
   std::string coordinator = "127.0.0.1:7600";
@@ -33,6 +36,12 @@ struct WorkerOptions {
   // Refused because its OpenBLAS kernel is not the one the job pins (train.blas_kernel): starts
   // the process again with it (PinBlasKernel); returns only an error. Unset: the refusal stands.
   std::function<absl::Status(const std::string& kernel)> pin_blas_kernel;
+  // Set by main's SIGTERM handler: leave the job at the next step boundary (the coordinator
+  // re-forms the group without this worker; not a failure), or stop trying to join. Null: never.
+  const LeaveRequest* leave = nullptr;
+  // Called with each session's job once it is known, before the session forms any group: the
+  // process-wide settings the job implies (main sets NCCL's environment). Unset: none.
+  std::function<void(const JobConfig& job)> configure_process;
 };
 
 // Trains until the job ends (OK), this worker is told to leave or asked to (OK), or a fatal error.
@@ -42,9 +51,5 @@ absl::Status RunWorker(const WorkerOptions& options);
 // (yes|no: LibTorch has CUDA), cuda_devices (visible to the CUDA runtime) and cuda (why none),
 // then its numeric environment (torch, blas, blas_core, blas_threads, blas_env, cpu, gpu).
 std::string ProbeWorker();
-
-// Leave the job at the next step boundary (the coordinator re-forms the group without this
-// worker; not a failure), or stop trying to join. Async-signal-safe: the worker's SIGTERM.
-void RequestLeave();
 
 }  // namespace flashdraft

@@ -12,7 +12,6 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "model/precision.h"
-#include "worker/collective/nccl_collective.h"
 #include "worker/training_state.h"
 
 namespace flashdraft {
@@ -112,8 +111,6 @@ WorkerSession::WorkerSession(SessionSetup setup, SessionHooks hooks)
   reduction_.ordered = job.train.deterministic_reduction;
   virtual_shards_ = EffectiveVirtualShards(job);
   gamma_ = EffectiveLossDecayGamma(job);
-  setup_.gloo.timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(job.cluster.collective_timeout_seconds * 1000));
   if (!hooks_.on_stuck) hooks_.on_stuck = ExitStuck;
 }
 
@@ -138,11 +135,30 @@ absl::StatusOr<torch::Device> WorkerDevice(const JobConfig& job, int cuda_device
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(cuda_device));
 }
 
+// The job's collective: cluster.backend with its timeout, on cluster.collective_interface or else
+// the setup's address; NCCL on the setup's GPU.
+absl::StatusOr<CollectiveFactory> JobCollectiveFactory(const SessionSetup& setup,
+                                                       const Clock* clock) {
+  const JobConfig& job = setup.job;
+  CollectiveFactoryOptions o;
+  o.backend = job.cluster.backend;
+  o.timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(job.cluster.collective_timeout_seconds * 1000));
+  o.interface = job.cluster.collective_interface;
+  o.address = setup.collective_address;
+  o.cuda_device = setup.cuda_device;
+  if (clock != nullptr) o.clock = clock;
+  return MakeCollectiveFactory(o);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Create(SessionSetup setup,
                                                                      SessionHooks hooks) {
   FD_ASSIGN_OR_RETURN(torch::Device device, WorkerDevice(setup.job, setup.cuda_device));
+  if (!hooks.collective_factory) {
+    FD_ASSIGN_OR_RETURN(hooks.collective_factory, JobCollectiveFactory(setup, hooks.clock));
+  }
   const torch::ScalarType compute = ComputeDtypeFromName(setup.job.train.precision);
   if (compute == torch::ScalarType::Undefined) {
     return absl::InvalidArgumentError(
@@ -214,25 +230,6 @@ void WorkerSession::LeaveGroup() {
   }
 }
 
-absl::StatusOr<std::unique_ptr<Collective>> WorkerSession::FormCollective(const v1::Reform& r,
-                                                                          const AbortCheck& abort) {
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(r.store_prefix(), setup_.store);
-  if (setup_.job.cluster.backend == "nccl") {
-#if FLASHDRAFT_WITH_CUDA
-    NcclOptions o;
-    o.timeout = setup_.gloo.timeout;
-    o.device = setup_.cuda_device;
-    o.clock = &clock_;
-    return NcclCollective::Create(prefixed, rank_, world_, o, abort);
-#else
-    return absl::FailedPreconditionError(
-        "cluster.backend is nccl, but this worker was built without the GPU path "
-        "(-DFLASHDRAFT_WITH_CUDA=ON)");
-#endif
-  }
-  return GlooCollective::Create(prefixed, rank_, world_, setup_.gloo, abort);
-}
-
 void WorkerSession::ReportCollectiveFailure(uint64_t step, const absl::Status& why) {
   LOG(WARNING) << "epoch " << epoch_ << " step " << step << ": " << why.message()
                << "; waiting for the coordinator to re-form the group";
@@ -255,7 +252,9 @@ absl::Status WorkerSession::JoinGroup(const v1::Reform& r) {
   broken_ = false;
   const double start = clock_.Now();
   const AbortCheck superseded = [this] { return Superseded(); };
-  FD_ASSIGN_OR_RETURN(collective_, FormCollective(r, superseded));
+  // Each epoch's group forms under the prefix its Reform names.
+  auto store = c10::make_intrusive<c10d::PrefixStore>(r.store_prefix(), setup_.store);
+  FD_ASSIGN_OR_RETURN(collective_, hooks_.collective_factory(store, rank_, world_, superseded));
   reducer_ = std::make_unique<GradientReducer>(params_, collective_.get(), reduction_);
   FD_RETURN_IF_ERROR(
       SyncTrainingState(*drafter_, trainer_.optimizer(), *collective_, r.sync_state(), superseded));
@@ -451,8 +450,7 @@ void WorkerSession::Heartbeats() {
       clock_, options, progress_, [this](v1::WorkerMessage& m) { return Write(m); },
       hooks_.on_stuck);
   do {
-    monitor.Tick(hooks_.leave_requested != nullptr && hooks_.leave_requested->load(),
-                 inbox_.stream_lost());
+    monitor.Tick(hooks_.leave != nullptr && hooks_.leave->requested(), inbox_.stream_lost());
     if (hooks_.metrics) {  // the bytes received are counted as they arrive (SessionInbox)
       hooks_.metrics->SetQueuedMicrobatches(inbox_.queued_batches());
     }

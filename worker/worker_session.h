@@ -6,13 +6,13 @@
 // applies the step only when the commit comes. The epoch's rank 0 uploads checkpoints from a side
 // thread.
 //
-// It talks through a CoordinatorLink and keeps time with a Clock, so tests run it against a fake
-// link (and a real single-process collective) without a network.
+// It talks through a CoordinatorLink, keeps time with a Clock and forms its groups through a
+// CollectiveFactory, so tests run it against a fake link (and a real single-process collective, or
+// one of their own) without a network.
 #pragma once
 
 #include <torch/torch.h>
 
-#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
@@ -32,10 +32,11 @@
 #include "model/drafter.h"
 #include "model/trainer.h"
 #include "worker/checkpoint_uploader.h"
-#include "worker/collective/gloo_collective.h"
+#include "worker/collective/collective_factory.h"
 #include "worker/coordinator_link.h"
 #include "worker/fault.h"
 #include "worker/gradient_reducer.h"
+#include "worker/leave_request.h"
 #include "worker/session_inbox.h"
 #include "worker/session_monitor.h"
 #include "worker/worker_metrics.h"
@@ -52,8 +53,9 @@ struct SessionSetup {
   std::map<std::string, torch::Tensor> fetched;
   // The rendezvous store; each epoch's group forms under the prefix its Reform names.
   c10::intrusive_ptr<c10d::Store> store;
-  // The collective's timeout is cluster.collective_timeout_seconds; the interface or address here.
-  GlooOptions gloo;
+  // Where collective traffic binds when cluster.collective_interface names no interface (the
+  // worker passes the address it reaches the coordinator from); empty: loopback.
+  std::string collective_address;
   // worker.device: cuda — this worker's GPU (an ordinal among the visible ones), which also
   // carries its NCCL communicator with cluster.backend: nccl.
   int cuda_device = 0;
@@ -66,7 +68,10 @@ struct SessionSetup {
 struct SessionHooks {
   const Clock* clock = &RealClock::Get();
   // Set by SIGTERM: leave at the next step boundary. Null: never.
-  const std::atomic<bool>* leave_requested = nullptr;
+  const LeaveRequest* leave = nullptr;
+  // Forms each membership epoch's group. Unset: the job's (cluster.backend, with the timeout,
+  // interface or address and GPU of the setup; MakeCollectiveFactory).
+  CollectiveFactory collective_factory;
   // The training thread is stuck and the coordinator is gone. Default: log and _exit(3), so that a
   // supervisor starts the worker again.
   std::function<void()> on_stuck;
@@ -113,9 +118,6 @@ class WorkerSession {
   absl::Status JoinGroup(const v1::Reform& reform);
   void HandleReform(const v1::Reform& reform);
   void LeaveGroup();
-  // The job's collective (cluster.backend) for the group of `r`.
-  absl::StatusOr<std::unique_ptr<Collective>> FormCollective(const v1::Reform& r,
-                                                             const AbortCheck& abort);
   void ReportCollectiveFailure(uint64_t step, const absl::Status& why);
   bool Superseded() const { return inbox_.newest_epoch() > epoch_; }
 

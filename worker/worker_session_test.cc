@@ -26,6 +26,8 @@
 #include "model/synthetic_data.h"
 #include "model/wire_tensor.h"
 #include "tests/support/test_util.h"
+#include "worker/collective/gloo_collective.h"
+#include "worker/leave_request.h"
 #include "worker/training_state.h"
 
 namespace flashdraft {
@@ -180,8 +182,9 @@ class WorkerSessionTest : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<WorkerSession> NewSession(SessionHooks hooks = {},
-                                            const std::string& metrics_address = "") {
+  std::unique_ptr<WorkerSession> NewSession(
+      SessionHooks hooks = {}, const std::string& metrics_address = "",
+      c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>()) {
     SessionSetup setup;
     setup.metrics_address = metrics_address;
     setup.worker_id = "w0";
@@ -189,8 +192,8 @@ class WorkerSessionTest : public ::testing::Test {
     setup.job = job_;
     setup.drafter_config = config_;
     setup.fetched = fetched_;
-    setup.store = c10::make_intrusive<c10d::HashStore>();
-    setup.gloo.address = "127.0.0.1";
+    setup.store = std::move(store);
+    setup.collective_address = "127.0.0.1";
     auto session = WorkerSession::Create(std::move(setup), std::move(hooks));
     EXPECT_TRUE(session.ok()) << session.status();
     return session.ok() ? *std::move(session) : nullptr;
@@ -445,6 +448,90 @@ TEST_F(WorkerSessionTest, AMicrobatchWithoutATensorEndsTheSessionNamingIt) {
   ASSERT_TRUE(error.has_value());
   EXPECT_THAT(error->error(), HasSubstr("'hidden_states'"));
   for (const auto& m : link_.Written()) EXPECT_FALSE(m.has_ack());
+}
+
+// Each epoch's group is formed by the injected factory, over the store under the epoch's prefix,
+// as the rank and world of its Reform.
+TEST_F(WorkerSessionTest, FormsEachEpochsGroupThroughTheInjectedFactory) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::pair<int, int>> formed;  // (rank, world); on the training thread until Join
+  SessionHooks hooks;
+  hooks.collective_factory =
+      [&](c10::intrusive_ptr<c10d::Store> prefixed, int rank, int world,
+          const AbortCheck& abort) -> absl::StatusOr<std::unique_ptr<Collective>> {
+    formed.emplace_back(rank, world);
+    prefixed->set("formed", {1});
+    GlooOptions o;
+    o.address = "127.0.0.1";
+    return GlooCollective::Create(prefixed, rank, world, o, abort);
+  };
+  auto session = NewSession(std::move(hooks), "", store);
+  ASSERT_NE(session, nullptr);
+  const double weight_sum = WeightSum();
+  Start(*session);
+  link_.Send(ReformMessage(1, 0));
+  SendStep(0, 1, weight_sum);
+  ASSERT_TRUE(link_.WaitFor([](const v1::WorkerMessage& m) { return IsAck(m, 0, 1); }));
+  link_.Send(ReformMessage(2, 0));
+  SendStep(0, 2, weight_sum);
+  ASSERT_TRUE(link_.WaitFor([](const v1::WorkerMessage& m) { return IsAck(m, 0, 2); }));
+  link_.Send(ShutdownMessage(/*finished=*/false));
+  ASSERT_TRUE(Join().ok()) << result_;
+  EXPECT_EQ(formed, (std::vector<std::pair<int, int>>{{0, 1}, {0, 1}}));
+  EXPECT_TRUE(store->check({"epoch/1/formed", "epoch/2/formed"}));
+}
+
+// A group that cannot form is a collective failure the coordinator hears of (it re-forms the
+// group); the next epoch's group trains.
+TEST_F(WorkerSessionTest, AGroupThatCannotFormIsReportedAndTheNextEpochTrains) {
+  int calls = 0;
+  SessionHooks hooks;
+  hooks.collective_factory =
+      [&](c10::intrusive_ptr<c10d::Store> store, int rank, int world,
+          const AbortCheck& abort) -> absl::StatusOr<std::unique_ptr<Collective>> {
+    if (++calls == 1) return absl::UnavailableError("peer 10.0.0.9 unreachable");
+    return GlooCollective::Create(store, rank, world, GlooOptions{}, abort);
+  };
+  WorkerMetrics metrics("cpu", "gloo");
+  hooks.metrics = &metrics;
+  auto session = NewSession(std::move(hooks));
+  ASSERT_NE(session, nullptr);
+  const double weight_sum = WeightSum();
+  Start(*session);
+  link_.Send(ReformMessage(1, 5));
+  auto failure =
+      link_.WaitFor([](const v1::WorkerMessage& m) { return m.has_collective_failure(); });
+  ASSERT_TRUE(failure.has_value());
+  EXPECT_EQ(failure->collective_failure().step(), 5u);
+  EXPECT_EQ(failure->collective_failure().membership_epoch(), 1u);
+  EXPECT_THAT(failure->collective_failure().error(), HasSubstr("peer 10.0.0.9 unreachable"));
+  link_.Send(ReformMessage(2, 0));
+  SendStep(0, 2, weight_sum);
+  ASSERT_TRUE(link_.WaitFor([](const v1::WorkerMessage& m) { return IsAck(m, 0, 2); }));
+  link_.Send(ShutdownMessage(/*finished=*/false));
+  ASSERT_TRUE(Join().ok()) << result_;
+  EXPECT_EQ(calls, 2);
+  EXPECT_THAT(metrics.Text(), HasSubstr("\nflashdraft_worker_collective_errors_total 1\n"));
+}
+
+// SIGTERM's LeaveRequest reaches the coordinator as a Leave, once.
+TEST_F(WorkerSessionTest, ALeaveRequestIsToldToTheCoordinator) {
+  LeaveRequest leave;
+  SessionHooks hooks;
+  hooks.leave = &leave;
+  auto session = NewSession(std::move(hooks));
+  ASSERT_NE(session, nullptr);
+  Start(*session);
+  link_.Send(ReformMessage(1, 0));
+  ASSERT_TRUE(link_.WaitFor([](const v1::WorkerMessage& m) { return m.has_heartbeat(); }));
+  for (const auto& m : link_.Written()) EXPECT_FALSE(m.has_leave());
+  leave.Request();
+  ASSERT_TRUE(link_.WaitFor([](const v1::WorkerMessage& m) { return m.has_leave(); }));
+  link_.Send(ShutdownMessage(/*finished=*/false));
+  ASSERT_TRUE(Join().ok()) << result_;
+  int leaves = 0;
+  for (const auto& m : link_.Written()) leaves += m.has_leave();
+  EXPECT_EQ(leaves, 1);
 }
 
 TEST_F(WorkerSessionTest, StartingWeightsOfAnotherShapeAreRefused) {
