@@ -3,13 +3,12 @@
 // another consumes (the worker's stream reader, decoder and training threads).
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
-#include <mutex>
 #include <optional>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace flashdraft {
 
@@ -20,37 +19,38 @@ class BlockingQueue {
   explicit BlockingQueue(size_t capacity = 0) : capacity_(capacity) {}
 
   // Waits while the queue is full; returns false (dropping `item`) once the queue is closed.
-  bool Push(T item) {
-    std::unique_lock<std::mutex> lock(mu_);
-    not_full_.wait(lock, [&] { return closed_ || capacity_ == 0 || items_.size() < capacity_; });
+  bool Push(T item) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_, absl::Condition(this, &BlockingQueue::HasRoomOrClosed));
     if (closed_) return false;
     items_.push_back(std::move(item));
-    not_empty_.notify_one();
     return true;
   }
 
   // Waits for an item; nullopt when the queue is closed and drained.
-  std::optional<T> Pop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    not_empty_.wait(lock, [&] { return closed_ || !items_.empty(); });
+  std::optional<T> Pop() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_, absl::Condition(this, &BlockingQueue::HasItemOrClosed));
     if (items_.empty()) return std::nullopt;
     T item = std::move(items_.front());
     items_.pop_front();
-    not_full_.notify_one();
     return item;
   }
 
-  void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Close() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     closed_ = true;
-    not_empty_.notify_all();
-    not_full_.notify_all();
   }
 
  private:
+  // Conditions of the waits: absl::Mutex evaluates them under mu_ whenever it is released.
+  bool HasRoomOrClosed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return closed_ || capacity_ == 0 || items_.size() < capacity_;
+  }
+  bool HasItemOrClosed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return closed_ || !items_.empty();
+  }
+
   const size_t capacity_;
-  std::mutex mu_;
-  std::condition_variable not_empty_, not_full_;
+  absl::Mutex mu_;
   std::deque<T> items_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };

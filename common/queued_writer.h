@@ -8,7 +8,9 @@
 #include <grpcpp/support/server_callback.h>
 
 #include <deque>
-#include <mutex>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace flashdraft {
 
@@ -16,8 +18,8 @@ template <typename Reactor>
 class QueuedWriter : public Reactor {
  public:
   // Queues `message`; dropped once the stream is finishing or broken.
-  void Send(grpc::ByteBuffer message) {
-    std::lock_guard<std::mutex> lock(write_mu_);
+  void Send(grpc::ByteBuffer message) ABSL_LOCKS_EXCLUDED(write_mu_) {
+    absl::MutexLock lock(&write_mu_);
     if (finished_ || finish_pending_) return;
     queue_.push_back(std::move(message));  // deque: the front's address stays valid
     if (!writing_) {
@@ -27,16 +29,16 @@ class QueuedWriter : public Reactor {
   }
 
   // Finishes once every queued message has been written (at once when none is queued).
-  void FinishAfterWrites(grpc::Status status) {
-    std::lock_guard<std::mutex> lock(write_mu_);
+  void FinishAfterWrites(grpc::Status status) ABSL_LOCKS_EXCLUDED(write_mu_) {
+    absl::MutexLock lock(&write_mu_);
     if (finished_ || finish_pending_) return;
     finish_status_ = std::move(status);
     finish_pending_ = true;
     if (!writing_) FinishLocked();
   }
 
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(write_mu_);
+  void OnWriteDone(bool ok) ABSL_LOCKS_EXCLUDED(write_mu_) override {
+    absl::MutexLock lock(&write_mu_);
     queue_.pop_front();
     if (!ok) {  // the peer is gone: drop the rest
       queue_.clear();
@@ -56,17 +58,17 @@ class QueuedWriter : public Reactor {
   }
 
  private:
-  void FinishLocked() {
+  void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) {
     finished_ = true;
     this->Finish(finish_status_);
   }
 
-  std::mutex write_mu_;
-  std::deque<grpc::ByteBuffer> queue_;
-  bool writing_ = false;
-  bool finished_ = false;
-  bool finish_pending_ = false;
-  grpc::Status finish_status_;
+  absl::Mutex write_mu_;
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(write_mu_);
+  bool writing_ ABSL_GUARDED_BY(write_mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(write_mu_) = false;
+  bool finish_pending_ ABSL_GUARDED_BY(write_mu_) = false;
+  grpc::Status finish_status_ ABSL_GUARDED_BY(write_mu_);
 };
 
 }  // namespace flashdraft

@@ -13,13 +13,12 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace flashdraft {
 
@@ -36,30 +35,39 @@ class RawClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   ~RawClientStream() override;
 
   // The next message; false once the call has no more.
-  bool Read(grpc::ByteBuffer* out);
+  bool Read(grpc::ByteBuffer* out) ABSL_LOCKS_EXCLUDED(mu_);
   // Hands `message` to gRPC and waits until it is written; false when the call is over.
-  bool Write(grpc::ByteBuffer message);
+  bool Write(grpc::ByteBuffer message) ABSL_LOCKS_EXCLUDED(write_mu_, mu_);
   // No more writes (half-close); waits until gRPC took it.
-  void WritesDone();
+  void WritesDone() ABSL_LOCKS_EXCLUDED(write_mu_, mu_);
   // Waits for the end of the call and returns its status. No Read or Write may start after it.
-  grpc::Status Finish();
+  grpc::Status Finish() ABSL_LOCKS_EXCLUDED(mu_);
 
-  void OnReadDone(bool ok) override;
-  void OnWriteDone(bool ok) override;
-  void OnWritesDoneDone(bool ok) override;
-  void OnDone(const grpc::Status& status) override;
+  void OnReadDone(bool ok) ABSL_LOCKS_EXCLUDED(mu_) override;
+  void OnWriteDone(bool ok) ABSL_LOCKS_EXCLUDED(mu_) override;
+  void OnWritesDoneDone(bool ok) ABSL_LOCKS_EXCLUDED(mu_) override;
+  void OnDone(const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_) override;
 
  private:
-  void ReleaseHold();
+  void ReleaseHold() ABSL_LOCKS_EXCLUDED(mu_);
+  // Conditions of the waits (absl::Mutex evaluates them under mu_ whenever it is released).
+  bool ReadableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !ready_.empty() || reads_over_;
+  }
+  bool WriteSettledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !write_pending_; }
+  bool WritesDoneSettledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !writes_done_pending_ || done_;
+  }
 
-  std::mutex write_mu_;  // one writer at a time, held for the whole write
-  std::mutex mu_;
-  std::condition_variable cv_;
-  grpc::ByteBuffer reading_;                                 // the read in flight writes here
+  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one writer at a time, for the whole write
+  absl::Mutex mu_;
+  // The read in flight writes here; gRPC owns it between StartRead and OnReadDone, which hands
+  // its message over under mu_.
+  grpc::ByteBuffer reading_;
   std::deque<grpc::ByteBuffer> ready_ ABSL_GUARDED_BY(mu_);  // received, not yet Read
   bool read_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_over_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::ByteBuffer writing_;  // the write in flight reads from here
+  grpc::ByteBuffer writing_ ABSL_GUARDED_BY(write_mu_);  // the write in flight reads from here
   bool write_pending_ ABSL_GUARDED_BY(mu_) = false;
   bool write_ok_ ABSL_GUARDED_BY(mu_) = true;
   bool writes_done_pending_ ABSL_GUARDED_BY(mu_) = false;

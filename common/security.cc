@@ -321,7 +321,7 @@ grpc::Status ServerSecurity::Authenticate(const grpc::ServerContextBase& context
 }
 
 void ServerSecurity::LogRefusal(const std::string& peer, const std::string& why) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const double now = clock_.Now();
   if (now - last_log_ < 1.0) {
     ++suppressed_;

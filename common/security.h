@@ -7,13 +7,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/job_config.h"
 
@@ -76,17 +76,17 @@ class ServerSecurity {
 
   // OK when the call carries the job secret (or the job has none); UNAUTHENTICATED otherwise,
   // logged with the peer's address (at most one line a second, with a count of the rest).
-  grpc::Status Authenticate(const grpc::ServerContextBase& context);
+  grpc::Status Authenticate(const grpc::ServerContextBase& context) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   ServerSecurity(const Clock& clock) : clock_(clock) {}
-  void LogRefusal(const std::string& peer, const std::string& why);
+  void LogRefusal(const std::string& peer, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
 
   const Clock& clock_;
   std::shared_ptr<grpc::ServerCredentials> credentials_;
   std::string expected_header_;  // "Bearer <token>"; empty: no token
   std::string description_;
-  std::mutex mu_;
+  absl::Mutex mu_;
   double last_log_ ABSL_GUARDED_BY(mu_) = -1e9;
   int suppressed_ ABSL_GUARDED_BY(mu_) = 0;
 };
