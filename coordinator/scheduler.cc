@@ -53,7 +53,7 @@ uint64_t Scheduler::steps_per_epoch() const {
 uint64_t Scheduler::SampleAt(uint64_t position, uint64_t* epoch) const {
   const uint64_t n = source_.num_samples();
   *epoch = position / n;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (cached_epoch_ != *epoch) {
     permutation_.resize(n);
     std::iota(permutation_.begin(), permutation_.end(), 0);

@@ -9,9 +9,10 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/sources/hidden_state_source.h"
 #include "model/anchors.h"
 
@@ -72,13 +73,14 @@ class Scheduler {
   void Truncate(Sample& sample) const;
 
  private:
-  uint64_t SampleAt(uint64_t position, uint64_t* epoch) const;
+  uint64_t SampleAt(uint64_t position, uint64_t* epoch) const ABSL_LOCKS_EXCLUDED(mu_);
 
   const HiddenStateSource& source_;
   SchedulerOptions options_;
-  mutable std::mutex mu_;
-  mutable uint64_t cached_epoch_ = UINT64_MAX;
-  mutable std::vector<uint64_t> permutation_;
+  // The order of the last epoch asked for, kept for the next step.
+  mutable absl::Mutex mu_;
+  mutable uint64_t cached_epoch_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;
+  mutable std::vector<uint64_t> permutation_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace flashdraft

@@ -127,15 +127,14 @@ absl::StatusOr<std::unique_ptr<TargetModelSource>> TargetModelSource::Open(
 
 TargetModelSource::~TargetModelSource() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
   for (std::thread& t : threads_) t.join();
 }
 
 uint64_t TargetModelSource::computed() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return computed_;
 }
 
@@ -166,14 +165,15 @@ absl::StatusOr<Sample> TargetModelSource::GetTokens(uint64_t index) const {
 absl::StatusOr<Sample> TargetModelSource::Get(uint64_t index) const {
   FD_ASSIGN_OR_RETURN(Sample s, GetTokens(index));
   {
-    std::unique_lock<std::mutex> lock(mu_);
     // Computed ahead, or being computed: take it (each announced sample is used once).
-    cv_.wait(lock, [&] { return !running_.count(index); });
+    auto not_running = [this, index]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return running_.count(index) == 0;
+    };
+    absl::MutexLock lock(&mu_, absl::Condition(&not_running));
     auto it = ready_.find(index);
     if (it != ready_.end()) {
       s.owned_features = std::move(it->second);
-      ready_.erase(it);
-      cv_.notify_all();  // room in the cache
+      ready_.erase(it);  // room in the cache
     } else {
       // Asked for before the background thread got to it: computed below, so not again there
       // (it would sit in the cache until the next epoch).
@@ -182,7 +182,7 @@ absl::StatusOr<Sample> TargetModelSource::Get(uint64_t index) const {
   }
   if (s.owned_features.empty()) {
     FD_ASSIGN_OR_RETURN(s.owned_features, Compute(index));
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ++computed_;
   }
   s.features = s.owned_features.data();
@@ -190,29 +190,29 @@ absl::StatusOr<Sample> TargetModelSource::Get(uint64_t index) const {
 }
 
 void TargetModelSource::Prefetch(const std::vector<uint64_t>& indices) const {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (uint64_t i : indices) {
-      if (i < ids_.size()) queue_.push_back(i);
-    }
+  absl::MutexLock lock(&mu_);
+  for (uint64_t i : indices) {
+    if (i < ids_.size()) queue_.push_back(i);
   }
-  cv_.notify_all();
+}
+
+bool TargetModelSource::WorkOrStopLocked() const {
+  return stop_ || (!queue_.empty() && ready_.size() + running_.size() < options_.max_cached);
 }
 
 void TargetModelSource::BackgroundLoop() const {
-  std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] {
-      return stop_ || (!queue_.empty() && ready_.size() + running_.size() < options_.max_cached);
-    });
-    if (stop_) return;
-    const uint64_t index = queue_.front();
-    queue_.pop_front();
-    if (ready_.count(index) || running_.count(index)) continue;
-    running_.insert(index);
-    lock.unlock();
+    uint64_t index;
+    {
+      absl::MutexLock lock(&mu_, absl::Condition(this, &TargetModelSource::WorkOrStopLocked));
+      if (stop_) return;
+      index = queue_.front();
+      queue_.pop_front();
+      if (ready_.count(index) || running_.count(index)) continue;
+      running_.insert(index);
+    }
     absl::StatusOr<std::vector<uint8_t>> f = Compute(index);
-    lock.lock();
+    absl::MutexLock lock(&mu_);
     running_.erase(index);
     if (f.ok()) {
       ready_[index] = std::move(*f);
@@ -221,7 +221,6 @@ void TargetModelSource::BackgroundLoop() const {
       LOG(WARNING) << "target source: sample " << index << ": " << f.status().message()
                    << " (computed again on demand)";
     }
-    cv_.notify_all();
   }
 }
 

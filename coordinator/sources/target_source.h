@@ -5,18 +5,18 @@
 // Lives in its own library (LibTorch) so that the coordinator library stays torch-free.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/job_config.h"
 #include "coordinator/sources/hidden_state_source.h"
 
@@ -52,19 +52,21 @@ class TargetModelSource : public HiddenStateSource {
   int64_t SampleLength(uint64_t index) const override {
     return static_cast<int64_t>(ids_[index].size());
   }
-  absl::StatusOr<Sample> Get(uint64_t index) const override;
+  absl::StatusOr<Sample> Get(uint64_t index) const ABSL_LOCKS_EXCLUDED(mu_) override;
   absl::StatusOr<Sample> GetTokens(uint64_t index) const override;
-  void Prefetch(const std::vector<uint64_t>& indices) const override;
+  void Prefetch(const std::vector<uint64_t>& indices) const ABSL_LOCKS_EXCLUDED(mu_) override;
 
   const std::vector<int>& layer_ids() const { return layers_; }
   const TargetModel& model() const { return *model_; }
   // Samples computed so far (on demand and ahead), for tests and metrics.
-  uint64_t computed() const;
+  uint64_t computed() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   TargetModelSource() = default;
   absl::StatusOr<std::vector<uint8_t>> Compute(uint64_t index) const;
-  void BackgroundLoop() const;
+  void BackgroundLoop() const ABSL_LOCKS_EXCLUDED(mu_);
+  // What a background thread waits for: the stop, or an announced sample and room in the cache.
+  bool WorkOrStopLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   TargetSourceOptions options_;
   std::unique_ptr<TargetModel> model_;
@@ -72,14 +74,14 @@ class TargetModelSource : public HiddenStateSource {
   int64_t feature_size_ = 0;
   std::vector<std::vector<int64_t>> ids_, masks_;
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  mutable std::deque<uint64_t> queue_;  // announced, not yet started
-  mutable std::map<uint64_t, std::vector<uint8_t>> ready_;
-  mutable std::set<uint64_t> running_;
-  mutable uint64_t computed_ = 0;
-  mutable bool stop_ = false;
-  mutable std::vector<std::thread> threads_;
+  mutable absl::Mutex mu_;
+  mutable std::deque<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // announced, not yet started
+  mutable std::map<uint64_t, std::vector<uint8_t>> ready_ ABSL_GUARDED_BY(mu_);
+  mutable std::set<uint64_t> running_ ABSL_GUARDED_BY(mu_);
+  mutable uint64_t computed_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Started by Open, joined by the destructor (the threads themselves do not touch it).
+  std::vector<std::thread> threads_;
 };
 
 // The SourceBundle of a job with data.source 'target' (writes the frozen embedding / lm_head to
