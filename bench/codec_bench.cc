@@ -17,16 +17,16 @@
 // stream.
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/crc32c.h"
 #include "common/tensor_codec.h"
 #include "flashdraft/v1/tensor.pb.h"
@@ -45,6 +45,54 @@ double BestSeconds(int repeats, const std::function<void()>& fn) {
   }
   return best;
 }
+
+// The hand-over of a ring of `slots` chunk messages between the encoder and the decoder thread:
+// how many chunks went into the ring and came out of it, and whether the encoder is done. Slot
+// i % slots belongs to the encoder until chunk i is produced, then to the decoder until consumed.
+class RingCursor {
+ public:
+  explicit RingCursor(uint64_t slots) : slots_(slots) {}
+
+  // Encoder: waits for a free slot; returns the number of the chunk that goes there.
+  uint64_t AwaitFree() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_, absl::Condition(this, &RingCursor::HasFreeLocked));
+    return produced_;
+  }
+  void Produced() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    ++produced_;
+  }
+  void Finish() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+  }
+  // Decoder: waits for a produced chunk and sets `*chunk` to its number; false once the encoder
+  // finished and every chunk was consumed.
+  bool AwaitFilled(uint64_t* chunk) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_, absl::Condition(this, &RingCursor::HasFilledOrDoneLocked));
+    if (consumed_ == produced_) return false;
+    *chunk = consumed_;
+    return true;
+  }
+  void Consumed() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    ++consumed_;
+  }
+
+ private:
+  bool HasFreeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return produced_ - consumed_ < slots_;
+  }
+  bool HasFilledOrDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return consumed_ < produced_ || done_;
+  }
+
+  const uint64_t slots_;
+  absl::Mutex mu_;
+  uint64_t produced_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t consumed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
 
 void Check(const absl::Status& s) {
   if (!s.ok()) {
@@ -119,48 +167,32 @@ int main(int argc, char** argv) {
   constexpr int kSlots = 4;
   std::vector<flashdraft::v1::TensorChunk> ring(kSlots);
   const double t_pipe = BestSeconds(repeats, [&] {
-    std::mutex mu;
-    std::condition_variable cv;
-    uint64_t produced = 0, consumed = 0;
-    bool done = false;
+    RingCursor cursor(kSlots);
     std::thread decoder([&] {
       flashdraft::TensorAssembler assembler(allocate);
-      while (true) {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return consumed < produced || done; });
-        if (consumed == produced) return;
-        lock.unlock();
-        Check(assembler.Add(ring[consumed % kSlots]));
-        lock.lock();
-        ++consumed;
-        cv.notify_all();
+      uint64_t chunk = 0;
+      while (cursor.AwaitFilled(&chunk)) {
+        Check(assembler.Add(ring[chunk % kSlots]));
+        cursor.Consumed();
       }
     });
     flashdraft::v1::TensorChunk scratch;
     Check(flashdraft::EncodeTensor(spec, src.data(), nbytes, flashdraft::kDefaultMaxChunkBytes,
                                    scratch, [&](flashdraft::v1::TensorChunk& c) {
-                                     std::unique_lock<std::mutex> lock(mu);
-                                     cv.wait(lock, [&] { return produced - consumed < kSlots; });
-                                     lock.unlock();
                                      // Hand the data over without copying; the slot's old buffer
                                      // becomes the next scratch.
-                                     flashdraft::v1::TensorChunk& slot = ring[produced % kSlots];
+                                     flashdraft::v1::TensorChunk& slot =
+                                         ring[cursor.AwaitFree() % kSlots];
                                      std::string recycled = std::move(*slot.mutable_data());
                                      std::string payload = std::move(*c.mutable_data());
                                      c.clear_data();
                                      slot.CopyFrom(c);
                                      *slot.mutable_data() = std::move(payload);
                                      *c.mutable_data() = std::move(recycled);
-                                     lock.lock();
-                                     ++produced;
-                                     cv.notify_all();
+                                     cursor.Produced();
                                      return absl::OkStatus();
                                    }));
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      done = true;
-    }
-    cv.notify_all();
+    cursor.Finish();
     decoder.join();
   });
 
