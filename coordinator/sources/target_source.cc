@@ -81,6 +81,17 @@ absl::StatusOr<std::unique_ptr<TargetModelSource>> TargetModelSource::Open(
   }
   s->feature_size_ = static_cast<int64_t>(s->layers_.size()) * t.hidden_size;
   // Tokenize the whole data set now: lengths are needed to plan, and bad lines surface at once.
+  FD_RETURN_IF_ERROR(s->Tokenize());
+  if (s->ids_.empty())
+    return absl::InvalidArgumentError(absl::StrCat(o.data_jsonl, ": no samples"));
+  for (int i = 0; i < std::max(1, o.threads); ++i) {
+    s->threads_.emplace_back([p = s.get()] { p->BackgroundLoop(); });
+  }
+  return s;
+}
+
+absl::Status TargetModelSource::Tokenize() {
+  const TargetSourceOptions& o = options_;
   std::ifstream in(o.data_jsonl);
   if (!in) return absl::NotFoundError(absl::StrCat(o.data_jsonl, ": cannot open"));
   std::error_code size_error;
@@ -90,7 +101,8 @@ absl::StatusOr<std::unique_ptr<TargetModelSource>> TargetModelSource::Open(
   Progress progress = Progress::ForLog(
       absl::StrCat(o.regenerate ? "tokenizing and regenerating " : "tokenizing ", o.data_jsonl),
       bytes, "B");
-  ChatLineReader reader({o.target_dir, o.tokenizer, o.max_new_tokens}, *s->model_);
+  ChatLineReader reader({o.target_dir, o.tokenizer, o.max_new_tokens}, *model_);
+  const int64_t vocab = model_->config().vocab_size;
   std::string line;
   int64_t line_no = 0;
   std::vector<int64_t> ids, mask;
@@ -98,9 +110,9 @@ absl::StatusOr<std::unique_ptr<TargetModelSource>> TargetModelSource::Open(
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     bool is_chat = false;
-    absl::Status st = reader.Parse(line, t.vocab_size, /*regenerate=*/false, ids, mask, &is_chat);
+    absl::Status st = reader.Parse(line, vocab, /*regenerate=*/false, ids, mask, &is_chat);
     if (st.ok() && is_chat && o.regenerate) {
-      st = reader.Parse(line, t.vocab_size, /*regenerate=*/true, ids, mask, &is_chat);
+      st = reader.Parse(line, vocab, /*regenerate=*/true, ids, mask, &is_chat);
     }
     if (!st.ok()) {
       return absl::InvalidArgumentError(
@@ -110,19 +122,14 @@ absl::StatusOr<std::unique_ptr<TargetModelSource>> TargetModelSource::Open(
       ids.resize(o.max_seq_len);
       mask.resize(o.max_seq_len);
     }
-    s->ids_.push_back(ids);
-    s->masks_.push_back(mask);
+    ids_.push_back(ids);
+    masks_.push_back(mask);
     const std::streamoff at = in.tellg();  // -1 once the last line ended the file
     progress.Update(at < 0 ? bytes : static_cast<double>(at),
-                    absl::StrCat(s->ids_.size(), " samples"));
+                    absl::StrCat(ids_.size(), " samples"));
   }
-  progress.Finish(absl::StrCat(s->ids_.size(), " samples"), /*always=*/true);
-  if (s->ids_.empty())
-    return absl::InvalidArgumentError(absl::StrCat(o.data_jsonl, ": no samples"));
-  for (int i = 0; i < std::max(1, o.threads); ++i) {
-    s->threads_.emplace_back([p = s.get()] { p->BackgroundLoop(); });
-  }
-  return s;
+  progress.Finish(absl::StrCat(ids_.size(), " samples"), /*always=*/true);
+  return absl::OkStatus();
 }
 
 TargetModelSource::~TargetModelSource() {

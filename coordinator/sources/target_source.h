@@ -62,6 +62,9 @@ class TargetModelSource : public HiddenStateSource {
   uint64_t computed() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // Reads and tokenizes options_.data_jsonl into ids_ and masks_ (regenerating replies with
+  // data.regenerate); an error names the file and line.
+  absl::Status Tokenize();
   TargetModelSource() = default;
   absl::StatusOr<std::vector<uint8_t>> Compute(uint64_t index) const;
   void BackgroundLoop() const ABSL_LOCKS_EXCLUDED(mu_);
