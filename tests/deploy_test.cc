@@ -283,7 +283,11 @@ TEST(DeployTest, SlurmBatchScriptTrainsCheckpointsAtSigtermAndResumes) {
   std::string state;
   for (int i = 0; i < 600; ++i) {
     state = slurm.JobState(id);
-    if (!absl::StartsWith(state, "RUNNING") && !absl::StartsWith(state, "PENDING")) break;
+    // COMPLETING: the batch step ended, Slurm is still cleaning up.
+    if (!absl::StartsWith(state, "RUNNING") && !absl::StartsWith(state, "PENDING") &&
+        !absl::StartsWith(state, "COMPLETING")) {
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   const std::string first_log = ReadFile(root + "/slurm-" + id + ".out").value_or("");
