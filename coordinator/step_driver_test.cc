@@ -342,28 +342,35 @@ TEST(StepDriverTest, AWorkerLostBeforeTheCommitIsReformedAndTheStepSentAgain) {
 
 TEST(StepDriverTest, StaleAcksAreIgnoredAndASecondAckReplacesTheFirst) {
   JobShape setup;
+  setup.max_workers = 2;
   setup.total_steps = 1;
   Harness h(setup);
   Workers w(h);
-  const std::string a = h.Join("a");
-  w.silent_.insert(a);
+  const std::string a = h.Join("a"), b = h.Join("b");
+  w.silent_ = {a, b};
   h.Start();
-  std::optional<v1::Microbatch> first;
-  while (!first) {
+  // Each rank's first shard header of step 0 (the one a rank acks at).
+  std::map<std::string, v1::Microbatch> first;
+  while (first.size() < 2) {
     std::optional<FakeWorkerChannels::Sent> next = w.Step();
     ASSERT_TRUE(next.has_value());
-    if (next->message.has_microbatch()) first = next->message.microbatch();
+    const v1::Microbatch& mb = next->message.microbatch();
+    if (next->message.has_microbatch() && !first.count(next->token) &&
+        static_cast<int64_t>(mb.shard()) == mb.shard_offsets(static_cast<int>(mb.rank()))) {
+      first[next->token] = mb;
+    }
   }
   w.silent_.clear();
-  v1::Microbatch stale = *first;
+  v1::Microbatch stale = first[a];
   stale.set_membership_epoch(7);  // another epoch's
   w.loss_ = 100;
   w.OnMicrobatch(a, stale);
   w.loss_ = 50;
-  w.OnMicrobatch(a, *first);  // replaced by the next one
+  w.OnMicrobatch(a, first[a]);  // replaced by the next one
   w.loss_ = 3;
-  w.OnMicrobatch(a, *first);
-  ASSERT_TRUE(w.Until([&] { return w.shutdowns_.count(a) > 0; }));
+  w.OnMicrobatch(a, first[a]);
+  w.OnMicrobatch(b, first[b]);  // b's ack completes the step: a's acks are all in before it
+  ASSERT_TRUE(w.Until([&] { return w.shutdowns_.size() == 2; }));
   ASSERT_TRUE(h.Finish().ok());
   v1::StatusReply status;
   h.board().Fill(&status);
