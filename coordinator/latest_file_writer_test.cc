@@ -63,8 +63,7 @@ class FlakyDisk {
 // Waits (up to 30 s of real time) until the writer's thread waits on the clock for its next
 // content or retry.
 bool AwaitParked(const FakeClock& clock) {
-  for (int i = 0; i < 30000 && clock.waiting() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
-  return clock.waiting() > 0;
+  return testing::Eventually([&] { return clock.waiting() > 0; });
 }
 
 TEST(LatestFileWriterTest, WritesThePostedContent) {

@@ -24,6 +24,7 @@
 namespace flashdraft {
 namespace {
 
+using ::flashdraft::testing::Eventually;
 using ::testing::HasSubstr;
 
 constexpr int kBlock = 4;
@@ -293,13 +294,6 @@ class Workers {
  private:
   Harness& h_;
 };
-
-// Waits (up to 30 s of real time) for `done`, which another thread makes true.
-template <typename Done>
-bool Eventually(Done done) {
-  for (int i = 0; i < 30000 && !done(); ++i) absl::SleepFor(absl::Milliseconds(1));
-  return done();
-}
 
 TEST(StepDriverTest, TrainsCommitsCheckpointsAndFinishes) {
   JobShape setup;

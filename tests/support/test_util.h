@@ -7,8 +7,17 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 
 namespace flashdraft::testing {
+
+// Waits (up to 30 s of real time) until `done`, which another thread makes true, holds; whether
+// it does.
+template <typename Done>
+bool Eventually(Done done) {
+  for (int i = 0; i < 30000 && !done(); ++i) absl::SleepFor(absl::Milliseconds(1));
+  return done();
+}
 
 // A fresh directory under $TMPDIR, removed with everything in it on destruction.
 class TempDir {
