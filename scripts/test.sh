@@ -33,6 +33,29 @@ for f in $FUZZERS; do
   rm -rf "$scratch"
 done
 
+# ThreadSanitizer (docs/TESTING.md): every target built with -fsanitize=thread; the torch-free unit
+# tests and the multi-process tests that fit the budget run with zero reports allowed. A report
+# anywhere, in any process a test starts, lands in build-tsan/reports/ and fails the job.
+FLASHDRAFT_BUILD_DIR=build-tsan scripts/build.sh -DFLASHDRAFT_TSAN=ON -DFLASHDRAFT_BUILD_BENCH=OFF
+rm -rf build-tsan/reports && mkdir -p build-tsan/reports
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1 \
+suppressions=$PWD/tests/tsan/suppressions.txt log_path=$PWD/build-tsan/reports/tsan"
+for t in flashdraft_tsan_test flashdraft_common_test flashdraft_coordinator_test flashdraft_cli_test; do
+  OMP_NUM_THREADS=1 "build-tsan/bin/$t" --gtest_brief=1
+done
+# The multi-process tests: workers and coordinator are the TSan binaries of build-tsan/bin. (The
+# test of a worker with another BLAS kernel is left out: it alone takes ~10 min under TSan.)
+(cd build-tsan && OMP_NUM_THREADS=1 ctest --output-on-failure --timeout 1200 -j 2 \
+  -R '^(DistributedTest|WorldSizeInvarianceTest|ElasticTest\.KilledInside)' \
+  -E 'AWorkerOfAnotherBlasKernelIsRefusedByName')
+if compgen -G 'build-tsan/reports/*' >/dev/null; then
+  cat build-tsan/reports/* | head -200
+  echo "ThreadSanitizer: $(ls build-tsan/reports | wc -l) report file(s) in build-tsan/reports/"
+  exit 1
+fi
+unset TSAN_OPTIONS
+echo "ThreadSanitizer: no reports"
+
 scripts/build.sh
 # clang's thread-safety analysis (-Werror=thread-safety) over every translation unit (about 2-3 min
 # on 2 cores with precompiled headers).
