@@ -21,19 +21,19 @@ int main(int argc, char** argv) {
   uint64_t samples = 64;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--target") o.target_dir = value;
+    if (flag == "--target") o.target.target_dir = value;
     if (flag == "--data") o.data_jsonl = value;
     if (flag == "--samples") samples = std::stoull(value);
     if (flag == "--layers") {
       for (size_t at = 0; at < value.size();) {
         size_t comma = value.find(',', at);
         if (comma == std::string::npos) comma = value.size();
-        o.layer_ids.push_back(std::stoi(value.substr(at, comma - at)));
+        o.target.layer_ids.push_back(std::stoi(value.substr(at, comma - at)));
         at = comma + 1;
       }
     }
   }
-  if (o.layer_ids.empty()) o.layer_ids = {1, 3};
+  if (o.target.layer_ids.empty()) o.target.layer_ids = {1, 3};
   o.max_cached = 1 << 20;
   auto source = flashdraft::TargetModelSource::Open(o);
   if (!source.ok()) {
@@ -62,8 +62,8 @@ int main(int argc, char** argv) {
   run(0, false);  // warm-up
   const double on_demand = run(0, false);
   const double ahead = run(n, true);
-  std::printf("target source: %s, layers", o.target_dir.c_str());
-  for (int l : o.layer_ids) std::printf(" %d", l);
+  std::printf("target source: %s, layers", o.target.target_dir.c_str());
+  for (int l : o.target.layer_ids) std::printf(" %d", l);
   std::printf(", %llu samples, BF16 features\n", static_cast<unsigned long long>(n));
   std::printf("%-44s %12s\n", "path", "tokens/s");
   std::printf("%-44s %12.0f\n", "source, on demand (Get computes)", on_demand);

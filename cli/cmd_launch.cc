@@ -16,6 +16,12 @@ class LaunchCommand : public Command {
     LaunchOptions& o = options_;
     app().add_option("job", o.job_path, "YAML job file")->required();
     app().add_option("--workers", o.workers, "worker processes")->capture_default_str();
+    app()
+        .add_option("--feeders", o.feeders,
+                    "target feeder processes (data.source: target): each holds the target and "
+                    "computes shards for the workers; 0 runs the target in the coordinator")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 64));
     app().add_option("--out", o.out_dir, "output directory (overrides output_dir)");
     app().add_option("--set", o.overrides, "override a field: section.field=value");
     app().add_flag("--skip-memory-check", o.skip_memory_check,

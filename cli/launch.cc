@@ -127,6 +127,7 @@ absl::StatusOr<JobConfig> LaunchJob(const LaunchOptions& o) {
   job->cluster.max_workers = o.workers;
   job->cluster.min_workers = std::min(job->cluster.min_workers, o.workers);
   if (o.threads_per_worker > 0) job->train.intra_op_threads = o.threads_per_worker;
+  if (o.feeders > 0) job->cluster.min_feeders = o.feeders;
   if (absl::Status s =
           ValidateJobConfig(*job, absl::StrCat(o.job_path, " with --workers ", o.workers));
       !s.ok()) {
@@ -182,12 +183,16 @@ absl::StatusOr<std::string> PrepareOutputDir(const JobConfig& job) {
 struct Binaries {
   std::string coordinator;
   std::string worker;
+  std::string feeder;
 };
 
-absl::StatusOr<Binaries> FindBinaries() {
+absl::StatusOr<Binaries> FindBinaries(const JobConfig& job) {
   const std::string bin = BinDir();
-  Binaries binaries{bin + "/flashdraft-coordinator", bin + "/flashdraft-worker"};
-  for (const std::string& b : {binaries.coordinator, binaries.worker}) {
+  Binaries binaries{bin + "/flashdraft-coordinator", bin + "/flashdraft-worker",
+                    bin + "/flashdraft-feeder"};
+  std::vector<std::string> needed = {binaries.coordinator, binaries.worker};
+  if (job.cluster.min_feeders > 0) needed.push_back(binaries.feeder);
+  for (const std::string& b : needed) {
     if (access(b.c_str(), X_OK) != 0) {
       return absl::NotFoundError(absl::StrCat(b, " not found next to flashdraft"));
     }
@@ -220,6 +225,28 @@ std::vector<std::string> WorkerArgv(const JobConfig& job, const std::string& wor
   return argv;
 }
 
+// Feeder `index` on this host: the job's target, its FetchShard service on loopback, the workers'
+// credentials (and under TLS the coordinator's certificate, which the workers already trust under
+// the same server name).
+std::vector<std::string> FeederArgv(const JobConfig& job, const std::string& feeder_bin, int port,
+                                    int index, const std::vector<std::string>& security) {
+  std::vector<std::string> argv = {feeder_bin,
+                                   "--coordinator",
+                                   absl::StrCat("127.0.0.1:", port),
+                                   "--id",
+                                   absl::StrCat("feeder-", index),
+                                   "--target",
+                                   job.target.path,
+                                   "--listen",
+                                   "127.0.0.1:0"};
+  argv.insert(argv.end(), security.begin(), security.end());
+  if (!job.security.tls_cert.empty()) {
+    argv.insert(argv.end(), {"--serve-tls-cert", job.security.tls_cert, "--serve-tls-key",
+                             job.security.tls_key});
+  }
+  return argv;
+}
+
 // The coordinator's port once it wrote it, else 0.
 int ReadPort(const std::string& port_file) {
   int port = 0;
@@ -227,7 +254,7 @@ int ReadPort(const std::string& port_file) {
   return in >> port && port > 0 ? port : 0;
 }
 
-void ReportOutcome(LaunchConsole& console, const JobOutcome& outcome, int workers,
+void ReportOutcome(LaunchConsole& console, const JobOutcome& outcome, int workers, int feeders,
                    const std::string& output_dir) {
   for (const ChildEnd& end : outcome.failed_workers) {
     if (end.exit.term_signal != 0) {
@@ -238,9 +265,10 @@ void ReportOutcome(LaunchConsole& console, const JobOutcome& outcome, int worker
     }
   }
   console.Note(absl::StrFormat(
-      "coordinator exited %d; %d of %d worker(s) failed, %d restart(s); logs and steps.jsonl in %s",
-      outcome.coordinator_exit_code, outcome.failed_workers.size(), workers,
-      outcome.worker_restarts, output_dir));
+      "coordinator exited %d; %d of %d worker(s)%s failed, %d restart(s); logs and steps.jsonl in "
+      "%s",
+      outcome.coordinator_exit_code, outcome.failed_workers.size(), workers + feeders,
+      feeders > 0 ? " and feeder(s)" : "", outcome.worker_restarts, output_dir));
 }
 
 // The coordinator, then the workers once it listens, supervised until the job ends.
@@ -275,8 +303,16 @@ int Supervise(const JobConfig& job, const LaunchOptions& o, const Binaries& bina
       return Fail("cannot start a worker");
     }
   }
+  // Feeders are supervised as workers are: a crashed one is started again and rejoins.
+  for (int f = 0; f < job.cluster.min_feeders; ++f) {
+    const std::vector<std::string> argv = FeederArgv(job, binaries.feeder, *port, f, security);
+    if (!supervisor.StartWorker(absl::StrCat("feeder-", f), argv).ok()) {
+      supervisor.SignalAll(SIGTERM);
+      return Fail("cannot start a feeder");
+    }
+  }
   const JobOutcome outcome = supervisor.Run();
-  ReportOutcome(console, outcome, o.workers, job.output_dir);
+  ReportOutcome(console, outcome, o.workers, job.cluster.min_feeders, job.output_dir);
   return outcome.ExitCode();
 }
 
@@ -289,7 +325,7 @@ int Launch(const LaunchOptions& o) {
   if (!security.ok()) return Fail(std::string(security.status().message()));
   absl::StatusOr<std::string> job_file = PrepareOutputDir(*job);
   if (!job_file.ok()) return Fail(std::string(job_file.status().message()));
-  absl::StatusOr<Binaries> binaries = FindBinaries();
+  absl::StatusOr<Binaries> binaries = FindBinaries(*job);
   if (!binaries.ok()) return Fail(std::string(binaries.status().message()));
   if (absl::Status s = Preflight(*job, o, *binaries); !s.ok()) {
     return Fail(std::string(s.message()));

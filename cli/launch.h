@@ -1,4 +1,5 @@
-// `flashdraft launch job.yaml --workers N [--out DIR]`: the coordinator and N workers as child
+// `flashdraft launch job.yaml --workers N [--feeders M] [--out DIR]`: the coordinator, N workers
+// (and M target feeders) as child
 // processes of this one, their output interleaved with a prefix per process and kept under
 // <out>/logs/, stopped together on Ctrl-C or when the job ends; a crashed worker is started
 // again (--max-restarts, with back-off) and rejoins the running job. Exits non-zero if the job
@@ -13,6 +14,7 @@ namespace flashdraft {
 struct LaunchOptions {
   std::string job_path;
   int workers = 2;
+  int feeders = 0;      // > 0: target feeders (cluster.min_feeders), started beside the workers
   std::string out_dir;  // overrides the job's output_dir
   std::vector<std::string> overrides;
   int threads_per_worker = 0;  // > 0: overrides train.intra_op_threads

@@ -95,6 +95,7 @@ const std::vector<JobField>& Fields() {
       FD_FIELD(cluster, stall_timeout_seconds, double, Positive()),
       FD_FIELD(cluster, allreduce_bucket_mib, double, Between(0.001, 4096.0)),
       FD_FIELD(cluster, mixed_numerics, std::string, OneOf({"refuse", "admit"})),
+      FD_FIELD(cluster, min_feeders, int, Between(0, 4096)),
 
       FD_FIELD(worker, device, std::string, OneOf({"cpu", "cuda"})),
 
@@ -206,6 +207,11 @@ absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
     return Invalid(source, "cluster.max_workers",
                    absl::StrCat("= ", c.cluster.max_workers,
                                 " is below cluster.min_workers = ", c.cluster.min_workers));
+  }
+  if (c.cluster.min_feeders > 0 && c.data.source != "target") {
+    return Invalid(source, "cluster.min_feeders",
+                   absl::StrCat("= ", c.cluster.min_feeders, " needs data.source: target (it is ",
+                                c.data.source, "): feeders compute the target's features online"));
   }
   if (c.cluster.heartbeat_timeout_seconds <= c.cluster.heartbeat_interval_seconds) {
     return Invalid(source, "cluster.heartbeat_timeout_seconds",

@@ -117,6 +117,10 @@ struct ClusterConfig {
   // the other workers': "refuse" it, naming the difference, or "admit" it with a warning — the job
   // then records that its numbers are no longer reproducible to the bit (docs/determinism.md).
   std::string mixed_numerics = "refuse";
+  // Target feeders (docs/ARCHITECTURE.md, "Feeders"; data.source: target): 0 runs the target in
+  // the coordinator; N > 0 waits for N feeders before the first step, computes every shard on a
+  // feeder and pauses while none is left.
+  int min_feeders = 0;
 };
 
 struct WorkerConfig {

@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "common/target_fingerprint.h"
+#include "coordinator/feeder_control.h"
 #include "coordinator/latest_file_writer.h"
 #include "coordinator/server.h"
 #include "coordinator/service.h"
@@ -78,7 +80,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   FD_ASSIGN_OR_RETURN(c->security_, ServerSecurity::Create(c->job_.security, *c->clock_));
   FD_RETURN_IF_ERROR(c->OpenData(options));
   FD_RETURN_IF_ERROR(c->OpenCheckpoints(options));
-  c->WireParts();
+  FD_RETURN_IF_ERROR(c->WireParts());
   return c;
 }
 
@@ -164,7 +166,22 @@ std::unique_ptr<NumericsGroup> Coordinator::SetUpNumerics() {
                                          recorded.mixed);
 }
 
-void Coordinator::WireParts() {
+absl::Status Coordinator::SetUpFeeders() {
+  const JobConfig& j = job_;
+  FeederPoolOptions o;
+  FD_ASSIGN_OR_RETURN(o.target, FingerprintTarget(j.target.path));
+  o.numerics = own_numerics_;
+  o.on_gpu = j.target.device == "cuda";
+  o.job_config_yaml = JobConfigToYaml(j);
+  feeders_ = std::make_unique<FeederPool>(std::move(o), *clock_);
+  // A feeder lost with shards of steps in flight: they are sent again, to the others.
+  feeders_->SetOnLostWork([this](const std::string& why) { controller_->RequestReform(why); });
+  LOG(INFO) << "target feeders: the job waits for " << j.cluster.min_feeders
+            << "; every shard's features are computed by a feeder";
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::WireParts() {
   const JobConfig& j = job_;
   streams_ = std::make_unique<StreamRegistry>(*clock_);
   CheckpointPipeline::Options po;
@@ -195,9 +212,14 @@ void Coordinator::WireParts() {
   d.checkpoint_every_steps = j.checkpoint.every_steps;
   d.checkpoint_every_seconds = j.checkpoint.every_seconds;
   d.export_dir = j.output_dir + "/drafter";
+  d.min_feeders = j.cluster.min_feeders;
+  d.join_timeout_seconds = j.cluster.join_timeout_seconds;
+  if (j.cluster.min_feeders > 0) FD_RETURN_IF_ERROR(SetUpFeeders());
   driver_ = std::make_unique<StepDriver>(
-      d, StepDriverParts{controller_.get(), pipeline_.get(), &board_, source_.get(),
-                         scheduler_.get(), step_log_.get(), metrics_.get(), &store_, clock_});
+      d,
+      StepDriverParts{controller_.get(), pipeline_.get(), &board_, source_.get(), scheduler_.get(),
+                      step_log_.get(), metrics_.get(), &store_, clock_, feeders_.get()});
+  return absl::OkStatus();
 }
 
 Coordinator::~Coordinator() {
@@ -213,7 +235,12 @@ absl::Status Coordinator::Start() {
                      streams_.get(),  catalog_.get(),
                      &store_,         [this](v1::StatusReply* reply) { FillStatus(reply); }};
   service_ = NewCoordinatorService(std::move(parts));
-  FD_ASSIGN_OR_RETURN(server_, StartGrpcServer(job_, *security_, *service_, &port_));
+  std::vector<grpc::Service*> services = {service_.get()};
+  if (feeders_) {
+    feeder_service_ = NewFeederControlService(*feeders_, *security_);
+    services.push_back(feeder_service_.get());
+  }
+  FD_ASSIGN_OR_RETURN(server_, StartGrpcServer(job_, *security_, services, &port_));
   if (job_.metrics.enabled) {
     FD_ASSIGN_OR_RETURN(std::string address, StartMetricsListener(job_, *metrics_));
     controller_->PublishScrapeTargets(
@@ -231,10 +258,15 @@ absl::Status Coordinator::Run() {
 
 void Coordinator::Abort(absl::Status reason) {
   pipeline_->Cancel(reason);
+  if (feeders_) feeders_->Abort(reason);
   controller_->Abort(std::move(reason));
 }
 
-void Coordinator::RequestStop(const std::string& why) { controller_->RequestStop(why); }
+void Coordinator::RequestStop(const std::string& why) {
+  controller_->RequestStop(why);
+  // A wait for feeders ends too (as a wait for workers does: the job is paused, nothing to commit).
+  if (feeders_) feeders_->Abort(absl::CancelledError(why));
+}
 
 void Coordinator::FillStatus(v1::StatusReply* reply) const {
   board_.Fill(reply);

@@ -11,6 +11,8 @@
 //   checkpoint_pipeline.h  uploads, the checkpoint writer thread, evaluations, the export
 //   status_board.h         the job's state for `flashdraft status`
 //   step_driver.h          the step protocol's state machine (Run's thread)
+//   feeder_pool.h          target feeders: admission, Feed streams, shard assignment (its lock)
+//   feeder_control.h       the FeederControl service in front of the pool
 #pragma once
 
 #include <functional>
@@ -25,6 +27,7 @@
 #include "common/security.h"
 #include "coordinator/checkpoint.h"
 #include "coordinator/checkpoint_pipeline.h"
+#include "coordinator/feeder_pool.h"
 #include "coordinator/membership_controller.h"
 #include "coordinator/metrics.h"
 #include "coordinator/rendezvous_store.h"
@@ -90,7 +93,9 @@ class Coordinator {
   absl::Status OpenCheckpoints(const CoordinatorOptions& options);
   // The numerics group (a resumed job's, compared with this process's) and the parts.
   std::unique_ptr<NumericsGroup> SetUpNumerics();
-  void WireParts();
+  absl::Status WireParts();
+  // The feeder pool of a job with cluster.min_feeders > 0.
+  absl::Status SetUpFeeders();
   void FillStatus(v1::StatusReply* reply) const;
 
   JobConfig job_;
@@ -114,8 +119,10 @@ class Coordinator {
   StatusBoard board_;
   std::unique_ptr<CheckpointPipeline> pipeline_;
   std::unique_ptr<MembershipController> controller_;
+  std::unique_ptr<FeederPool> feeders_;  // cluster.min_feeders > 0 only
   std::unique_ptr<StepDriver> driver_;
   std::unique_ptr<grpc::Service> service_;
+  std::unique_ptr<grpc::Service> feeder_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };

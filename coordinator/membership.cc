@@ -2,21 +2,12 @@
 
 #include <algorithm>
 #include <limits>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/random_token.h"
 
 namespace flashdraft {
-namespace {
-
-std::string RandomToken() {
-  std::random_device rd;
-  return absl::StrFormat("%016x%016x", (uint64_t{rd()} << 32) | rd(),
-                         (uint64_t{rd()} << 32) | rd());
-}
-
-}  // namespace
 
 const char* MemberStateName(MemberState state) {
   switch (state) {

@@ -256,6 +256,15 @@ void MembershipController::OnCollectiveFailure(const std::string& token,
   NotifyLocked();
 }
 
+void MembershipController::RequestReform(const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  if (membership_.epoch() == 0) return;  // nothing was sent yet
+  LOG(WARNING) << why << "; re-forming the group to send the steps in flight again";
+  changes_.emplace_back("(feeders)", why);
+  membership_.RequestReform();
+  NotifyLocked();
+}
+
 void MembershipController::OnCheckpointUpload(const std::string& token,
                                               const v1::CheckpointUpload& upload) {
   Heard(token);

@@ -110,6 +110,9 @@ class MembershipController {
   // A graceful stop: the step in flight commits with a checkpoint; before the first epoch the
   // job fails as CANCELLED.
   void RequestStop(const std::string& why);
+  // The next step boundary starts a new epoch with the same members, and the steps in flight are
+  // sent again (a feeder holding their shards was lost: `why`).
+  void RequestReform(const std::string& why);
   // The job fails with `reason` (the first reason wins); every wait ends.
   void Abort(absl::Status reason);
   // The coordinator serves /metrics at `address`: targets.json lists it and every worker that

@@ -13,13 +13,13 @@
 
 namespace flashdraft {
 
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(const JobConfig& job,
-                                                              ServerSecurity& security,
-                                                              grpc::Service& service, int* port) {
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
+    const JobConfig& job, ServerSecurity& security, const std::vector<grpc::Service*>& services,
+    int* port) {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(job.cluster.listen, security.credentials(), port);
   ConfigureServer(builder);
-  builder.RegisterService(&service);
+  for (grpc::Service* service : services) builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || *port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", job.cluster.listen));

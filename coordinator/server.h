@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/job_config.h"
@@ -17,10 +18,10 @@ class Service;
 
 namespace flashdraft {
 
-// Serves `service` on job.cluster.listen with the job's credentials; `port` is the bound port.
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(const JobConfig& job,
-                                                              ServerSecurity& security,
-                                                              grpc::Service& service, int* port);
+// Serves `services` on job.cluster.listen with the job's credentials; `port` is the bound port.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
+    const JobConfig& job, ServerSecurity& security, const std::vector<grpc::Service*>& services,
+    int* port);
 
 // Serves `metrics` at /metrics on job.metrics.listen, writes the port to <output_dir>/metrics.port
 // and makes <output_dir>/prometheus/; returns the address Prometheus scrapes.

@@ -8,7 +8,9 @@
 #include "absl/strings/str_join.h"
 #include "common/chunk_wire.h"
 #include "common/file_util.h"
+#include "common/random_token.h"
 #include "common/shard_tree.h"
+#include "common/status_macros.h"
 #include "coordinator/step_encoder.h"
 #include "glog/logging.h"
 #include "model/dflash_math.h"
@@ -64,8 +66,26 @@ StepDriver::State StepDriver::AwaitWorkers() {
   // Waiting lets the workers that asked to leave go, its uploader among them maybe: the
   // checkpoint in flight is in first (or given up, when its uploader is lost).
   p_.checkpoints->Wait();
-  result_ = p_.controller->AwaitWorkers([this] { p_.board->SetState(JobState::kPaused); });
-  return result_.ok() ? State::kFormEpoch : State::kFinish;
+  // Workers and feeders both, at once: workers lost while feeders were awaited are awaited again.
+  bool waited_for_feeders = true;
+  while (waited_for_feeders) {
+    result_ = p_.controller->AwaitWorkers([this] { p_.board->SetState(JobState::kPaused); });
+    if (result_.ok()) result_ = AwaitFeeders(&waited_for_feeders);
+    if (!result_.ok()) return State::kFinish;
+  }
+  return State::kFormEpoch;
+}
+
+absl::Status StepDriver::AwaitFeeders(bool* waited) {
+  *waited = false;
+  if (p_.feeders == nullptr) return absl::OkStatus();
+  const int count = epoch_ == 0 ? std::max(1, options_.min_feeders) : 1;
+  return p_.feeders->AwaitLive(count, p_.clock->Now() + options_.join_timeout_seconds,
+                               [this, count, waited] {
+                                 *waited = true;
+                                 LOG(WARNING) << "paused: waiting for " << count << " feeder(s)";
+                                 if (epoch_ > 0) p_.board->SetState(JobState::kPaused);
+                               });
 }
 
 StepDriver::State StepDriver::FormEpoch() {
@@ -106,9 +126,17 @@ StepDriver::State StepDriver::Stream() {
     next_plan_.reset();
     result_ = SendStep(plan);
     ++sent_;
+    if (absl::IsUnavailable(result_) && p_.feeders != nullptr) {
+      // The last feeder went while the step was sent: the job pauses until one returns, and the
+      // next epoch sends every step in flight again.
+      p_.controller->RequestReform(std::string(result_.message()));
+      result_ = absl::OkStatus();
+      return State::kAwaitWorkers;
+    }
     if (!result_.ok()) return State::kFinish;
-    // The source may start on the step after the ones queued (an online target does).
-    if (sent_ < total) {
+    // The source may start on the step after the ones queued (an online target does; with
+    // feeders the coordinator computes nothing).
+    if (sent_ < total && p_.feeders == nullptr) {
       next_plan_ = p_.scheduler->Plan(static_cast<uint64_t>(sent_), world_size_);
       std::vector<uint64_t> next;
       for (const MicrobatchPlan& mb : next_plan_->shards) {
@@ -129,12 +157,35 @@ absl::Status StepDriver::SendStep(const StepPlan& plan) {
   for (to.rank = 0; to.rank < world_size_; ++to.rank) {
     for (int64_t shard = plan.shard_offsets[to.rank]; shard < plan.shard_offsets[to.rank + 1];
          ++shard) {
+      if (p_.feeders != nullptr) {
+        FD_RETURN_IF_ERROR(SendShardByFeeder(plan, shard, to));
+        continue;
+      }
       std::vector<grpc::ByteBuffer> messages;
       absl::Status s = EncodeShard(plan, shard, to, *p_.source, *p_.scheduler, &messages);
       if (!s.ok()) return s;
       p_.metrics->AddStreamBytes(p_.controller->SendToRank(to.rank, std::move(messages)));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status StepDriver::SendShardByFeeder(const StepPlan& plan, int64_t shard,
+                                           const ShardAddress& to) {
+  FD_ASSIGN_OR_RETURN(v1::ShardWork work,
+                      MakeShardWork(plan, shard, to, *p_.source, *p_.scheduler, RandomToken()));
+  const std::optional<std::string> feeder = p_.feeders->Assign(work);
+  if (!feeder) return absl::UnavailableError("no feeder is left");
+  v1::CoordinatorMessage m;
+  v1::ShardRef* ref = m.mutable_shard_ref();
+  ref->set_feeder_address(*feeder);
+  ref->set_ticket(work.ticket());
+  ref->set_step(plan.step);
+  ref->set_shard(static_cast<uint32_t>(shard));
+  ref->set_membership_epoch(to.membership_epoch);
+  std::vector<grpc::ByteBuffer> messages;
+  messages.push_back(MessageToBuffer(m));
+  p_.metrics->AddStreamBytes(p_.controller->SendToRank(to.rank, std::move(messages)));
   return absl::OkStatus();
 }
 
@@ -162,6 +213,7 @@ StepDriver::State StepDriver::Commit() {
     return State::kFinish;
   }
   Record(*committed.record);
+  if (p_.feeders != nullptr) p_.feeders->Release(completed);
   if (checkpoint) {
     // Written on the pipeline's thread: training goes on while rank 0 uploads and the files are
     // fsynced.
@@ -246,6 +298,7 @@ absl::Status StepDriver::Finish() {
                      : finished    ? JobState::kDone
                                    : JobState::kStopped);
   p_.controller->Finish(MessageToBuffer(shutdown));
+  if (p_.feeders != nullptr) p_.feeders->Finish(shutdown.shutdown().reason());
   FlushEvents();  // admissions since the last epoch began
   if (finished && result_.ok()) LOG(INFO) << "job finished: " << options_.total_steps << " steps";
   if (result_.ok() && !finished) LOG(WARNING) << stopped_;

@@ -21,12 +21,14 @@
 #include "common/clock.h"
 #include "coordinator/checkpoint.h"
 #include "coordinator/checkpoint_pipeline.h"
+#include "coordinator/feeder_pool.h"
 #include "coordinator/membership_controller.h"
 #include "coordinator/metrics.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/sources/hidden_state_source.h"
 #include "coordinator/status_board.h"
+#include "coordinator/step_encoder.h"
 #include "coordinator/step_log.h"
 
 namespace flashdraft {
@@ -42,6 +44,9 @@ struct StepDriverOptions {
   std::string export_dir;  // the finished job's drafter (empty: not exported)
   // Epochs started for one step without a commit in between before the job gives up on it.
   int max_reforms_per_step = 5;
+  // With feeders (parts.feeders): how many the first epoch waits for, and how long.
+  int min_feeders = 0;
+  double join_timeout_seconds = 600;
 };
 
 // What the driver works with; all outlive it.
@@ -55,6 +60,9 @@ struct StepDriverParts {
   CoordinatorMetrics* metrics;
   RendezvousStore* store;
   const Clock* clock;
+  // Null: the source computes every shard's features. Otherwise feeders do: each shard goes to a
+  // feeder as ShardWork and to its rank as a ShardRef (docs/ARCHITECTURE.md, "Feeders").
+  FeederPool* feeders = nullptr;
 };
 
 class StepDriver {
@@ -74,6 +82,11 @@ class StepDriver {
   absl::Status Finish();
 
   absl::Status SendStep(const StepPlan& plan);
+  // Shard `shard` of `plan` to rank `to.rank` through a feeder; UNAVAILABLE when none is live.
+  absl::Status SendShardByFeeder(const StepPlan& plan, int64_t shard, const ShardAddress& to);
+  // With feeders: waits for them (min_feeders before the first epoch, one later); `waited` says
+  // whether it had to.
+  absl::Status AwaitFeeders(bool* waited);
   // The committed step's record into steps.jsonl and /metrics (and a recovery, if one ended).
   void Record(StepRecord& record);
   void Report(const StepRecord& record);

@@ -5,11 +5,14 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/sources/hidden_state_source.h"
+#include "flashdraft/v1/feeder.pb.h"
 
 namespace flashdraft {
 
@@ -26,5 +29,13 @@ struct ShardAddress {
 absl::Status EncodeShard(const StepPlan& plan, int64_t shard, const ShardAddress& to,
                          const HiddenStateSource& source, const Scheduler& scheduler,
                          std::vector<grpc::ByteBuffer>* messages);
+
+// The same shard as work for a feeder (proto/flashdraft/v1/feeder.proto): its Microbatch header
+// and, per sample, the whole tokenized sample (the target runs on all of it), the tokens kept and
+// the anchors; no features. A feeder that computes the features as `source` does turns it into
+// EncodeShard's messages, bit for bit (feeder/shard_builder.h).
+absl::StatusOr<v1::ShardWork> MakeShardWork(const StepPlan& plan, int64_t shard,
+                                            const ShardAddress& to, const HiddenStateSource& source,
+                                            const Scheduler& scheduler, std::string ticket);
 
 }  // namespace flashdraft

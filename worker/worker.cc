@@ -26,6 +26,7 @@
 #include "worker/collective/collective_factory.h"
 #include "worker/coordinator_link.h"
 #include "worker/fault.h"
+#include "worker/feeder_client.h"
 #include "worker/grpc_store.h"
 #include "worker/training_state.h"
 #include "worker/worker_metrics.h"
@@ -226,6 +227,10 @@ absl::Status RunSession(const WorkerOptions& o, const NumericEnv& numerics,
   SessionHooks hooks;
   hooks.leave = o.leave;
   hooks.metrics = endpoint.metrics.get();
+  // A shard's features may come from a target feeder: fetched with this worker's credentials,
+  // as patiently as a collective.
+  FeederClient feeders(o.security, setup.job.cluster.collective_timeout_seconds);
+  hooks.shard_fetcher = &feeders;
   FD_ASSIGN_OR_RETURN(auto session, WorkerSession::Create(std::move(setup), hooks));
   GrpcCoordinatorLink link(channel);
   return session->Run(link);

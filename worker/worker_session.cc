@@ -172,6 +172,7 @@ absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Create(SessionSetu
   session->drafter_->SetComputeDtype(compute);
   if (!device.is_cpu()) session->inbox_.PinReceiveBuffers();
   session->inbox_.ReportTo(session->hooks_.metrics);
+  session->inbox_.FetchShardsWith(session->hooks_.shard_fetcher);
   auto& fetched = session->setup_.fetched;
   FD_RETURN_IF_ERROR(LoadFetchedModel(*session->drafter_, fetched));
   FD_RETURN_IF_ERROR(
@@ -437,6 +438,9 @@ void WorkerSession::AwaitCommit(const v1::Microbatch& step) {
       case InboxItem::kError:
         End(absl::UnavailableError(next.text));
         return;
+      case InboxItem::kShardLost:  // of a step sent ahead: handled after this commit
+        deferred_.push_back(std::move(next));
+        continue;
     }
   }
 }
@@ -479,6 +483,14 @@ absl::Status WorkerSession::Run(CoordinatorLink& link) {
     if (EndsSession(item)) break;
     if (item.kind == InboxItem::kReform) {
       HandleReform(item.reform);
+      continue;
+    }
+    if (item.kind == InboxItem::kShardLost) {
+      // The step cannot train in this epoch: the coordinator hears it as a failed step and sends
+      // it again in the next (as it does when a feeder is lost).
+      if (item.epoch == epoch_ && !broken_) {
+        ReportCollectiveFailure(item.step, absl::UnavailableError(item.text));
+      }
       continue;
     }
     // A step of another epoch, or of one whose collective failed, is dropped: the coordinator

@@ -77,6 +77,9 @@ struct SessionHooks {
   std::function<void()> on_stuck;
   // The process's metrics (null: none); the session records into them.
   WorkerMetrics* metrics = nullptr;
+  // Fetches the shards the coordinator sends as ShardRefs (target feeders); null: such a shard is
+  // lost (reported as a failed step).
+  ShardFetcher* shard_fetcher = nullptr;
 };
 
 // The optimizer settings of the job's train section.

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/chunk_wire.h"
 #include "common/grpc_options.h"
@@ -657,6 +658,103 @@ TEST(SessionInboxTest, AssemblesAMicrobatchAndStopsAtTheShutdown) {
   EXPECT_TRUE(shutdown.job_finished);
   EXPECT_FALSE(inbox.stream_lost());
   EXPECT_EQ(inbox.newest_epoch(), SessionInbox::kSessionOver);
+}
+
+// A feeder in memory: the shards it holds by ticket (header and chunk buffers); a ticket it does
+// not have fails as an unreachable feeder would. A "hang" ticket answers nothing until `inbox` has
+// a newer epoch than the ref's (the real fetch is cancelled then; gRPC's cancellation itself is not
+// what this tests).
+class FakeFetcher : public ShardFetcher {
+ public:
+  absl::Status Fetch(const v1::ShardRef& ref, grpc::ClientContext*,
+                     const std::function<bool(const grpc::ByteBuffer&)>& on_message) override {
+    if (ref.ticket() == "hang") {
+      hung.Notify();
+      while (inbox->newest_epoch() <= ref.membership_epoch()) absl::SleepFor(absl::Milliseconds(1));
+      return absl::CancelledError("cancelled");
+    }
+    auto it = shards.find(ref.ticket());
+    if (it == shards.end()) return absl::UnavailableError("feeder unreachable");
+    for (const grpc::ByteBuffer& b : it->second) {
+      if (!on_message(b)) return absl::DataLossError("stopped");
+    }
+    return absl::OkStatus();
+  }
+  std::map<std::string, std::vector<grpc::ByteBuffer>> shards;
+  absl::Notification hung;
+  const SessionInbox* inbox = nullptr;
+};
+
+v1::CoordinatorMessage ShardRefMessage(const std::string& ticket, uint64_t step, uint64_t epoch) {
+  v1::CoordinatorMessage m;
+  v1::ShardRef* ref = m.mutable_shard_ref();
+  ref->set_feeder_address("feeder:1");
+  ref->set_ticket(ticket);
+  ref->set_step(step);
+  ref->set_membership_epoch(epoch);
+  return m;
+}
+
+// A shard as a feeder serves it: its header, then one tensor "x" in several chunks.
+std::vector<grpc::ByteBuffer> ServedShard(uint64_t step, uint64_t epoch, const torch::Tensor& x) {
+  v1::CoordinatorMessage header;
+  header.mutable_microbatch()->set_step(step);
+  header.mutable_microbatch()->set_membership_epoch(epoch);
+  header.mutable_microbatch()->set_num_tensors(1);
+  std::vector<grpc::ByteBuffer> out = {MessageToBuffer(header)};
+  for (grpc::ByteBuffer& b : ChunkBuffers("x", x)) out.push_back(std::move(b));
+  return out;
+}
+
+TEST(SessionInboxTest, ShardsByReferenceAreFetchedInOrderAndLostOnesReported) {
+  FakeFetcher feeder;
+  const torch::Tensor x = torch::arange(1000, torch::kFloat32);
+  feeder.shards["a"] = ServedShard(4, 2, x);
+  std::vector<grpc::ByteBuffer> wrong = ServedShard(5, 2, x);  // not the step the ref names
+  feeder.shards["wrong"] = wrong;
+  FakeLink link;
+  SessionInbox inbox;
+  inbox.FetchShardsWith(&feeder);
+  link.Send(ReformMessage(2, 0));
+  link.Send(ShardRefMessage("a", 4, 2));
+  link.Send(ShardRefMessage("gone", 4, 2));   // the feeder cannot be reached
+  link.Send(ShardRefMessage("wrong", 4, 2));  // the feeder answers with another shard
+  link.Send(ShardRefMessage("a", 4, 1));      // of an older epoch: dropped
+  link.Send(ShardRefMessage("a", 4, 2));
+  std::thread reader([&] { inbox.ReadAll(link); });
+  EXPECT_EQ(inbox.Pop().kind, InboxItem::kReform);
+  std::vector<InboxItem> fetched;
+  for (int i = 0; i < 4; ++i) fetched.push_back(inbox.Pop());
+  link.Send(ShutdownMessage(true));
+  reader.join();
+  ASSERT_EQ(fetched.size(), 4u);
+  ASSERT_EQ(fetched[0].kind, InboxItem::kBatch);
+  EXPECT_TRUE(torch::equal(fetched[0].tensors.at("x"), x));
+  EXPECT_EQ(fetched[1].kind, InboxItem::kShardLost);
+  EXPECT_THAT(fetched[1].text, HasSubstr("feeder unreachable"));
+  EXPECT_EQ(fetched[1].step, 4u);
+  EXPECT_EQ(fetched[1].epoch, 2u);
+  EXPECT_EQ(fetched[2].kind, InboxItem::kShardLost);
+  ASSERT_EQ(fetched[3].kind, InboxItem::kBatch) << "a lost shard leaves nothing half-assembled";
+  EXPECT_TRUE(torch::equal(fetched[3].tensors.at("x"), x));
+}
+
+TEST(SessionInboxTest, AReformCancelsTheFetchOfAnOlderEpochsShard) {
+  FakeFetcher feeder;
+  FakeLink link;
+  SessionInbox inbox;
+  feeder.inbox = &inbox;
+  inbox.FetchShardsWith(&feeder);
+  link.Send(ReformMessage(2, 0));
+  link.Send(ShardRefMessage("hang", 4, 2));  // its feeder never answers
+  std::thread reader([&] { inbox.ReadAll(link); });
+  EXPECT_EQ(inbox.Pop().kind, InboxItem::kReform);
+  feeder.hung.WaitForNotification();
+  link.Send(ReformMessage(3, 0));  // read while the fetch hangs, which it cancels
+  EXPECT_EQ(inbox.Pop().kind, InboxItem::kReform);
+  link.Send(ShutdownMessage(true));
+  reader.join();
+  EXPECT_EQ(inbox.Pop().kind, InboxItem::kShutdown) << "the cancelled fetch reports nothing";
 }
 
 // One microbatch of samples of `lengths` tokens and `feature_size` features of `dtype`, packed by

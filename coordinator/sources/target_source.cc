@@ -7,79 +7,19 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "common/cuda_util.h"
 #include "common/progress.h"
-#include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "model/chat_data.h"
-#include "model/drafter_config.h"
 #include "model/target_model.h"
 
 namespace flashdraft {
-namespace {
-
-// Moves the target to cuda:0 when it fits: its weights, every layer's output kept for the features,
-// one layer's fp32 attention scores and MLP activations, and the logits (regeneration) at
-// data.max_seq_len. Otherwise an error naming what it needs and what is free.
-absl::Status PlaceOnGpu(TargetModel& model, const TargetSourceOptions& o) {
-  const TargetModelConfig& c = model.config();
-  const int64_t s = o.max_seq_len, elem = o.feature_dtype == DType::kBF16 ? 2 : 4;
-  const int64_t weights = model.WeightBytes();
-  const int64_t activations = c.num_hidden_layers * s * c.hidden_size * elem +
-                              2 * c.num_attention_heads * s * s * 4 +
-                              3 * s * c.intermediate_size * elem + s * c.vocab_size * 4;
-  const auto gib = [](int64_t b) { return absl::StrFormat("%.2f GiB", b / double(1 << 30)); };
-  absl::StatusOr<CudaMemory> memory = CudaMemoryInfo(0);
-  if (memory.ok() && weights + activations > memory->free_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "target ", o.target_dir, " does not fit cuda:0: it needs about ",
-        gib(weights + activations), " (weights ", gib(weights), " + activations ", gib(activations),
-        " at data.max_seq_len ", s, ") and ", gib(memory->free_bytes), " of ",
-        gib(memory->total_bytes), " are free; use a smaller target or shards"));
-  }
-  model.MoveTo(torch::Device(torch::kCUDA, 0));
-  LOG(INFO) << "target on cuda:0 (" << gib(weights) << " of weights"
-            << (memory.ok() ? absl::StrCat(", ", gib(memory->free_bytes), " were free") : "")
-            << ")";
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<TargetModelSource>> TargetModelSource::Open(
     const TargetSourceOptions& o) {
-  if (o.feature_dtype != DType::kBF16 && o.feature_dtype != DType::kF32) {
-    return absl::InvalidArgumentError("target features travel as BF16 or F32");
-  }
   std::unique_ptr<TargetModelSource> s(new TargetModelSource());
   s->options_ = o;
-  if (o.device != "cpu" && o.device != "cuda") {
-    return absl::InvalidArgumentError(absl::StrCat("target.device '", o.device, "'"));
-  }
-  const bool gpu = o.device == "cuda";
-  if (gpu && !torch::cuda::is_available()) {
-    return absl::FailedPreconditionError(
-        "target.device is cuda, but the coordinator's LibTorch has no CUDA device (Debian's "
-        "libtorch is CPU-only: build against a CUDA LibTorch, see docs/GPU.md)");
-  }
-  FD_ASSIGN_OR_RETURN(
-      s->model_,
-      TargetModel::Load(o.target_dir, gpu && o.feature_dtype == DType::kBF16 ? torch::kBFloat16
-                                                                             : torch::kFloat32));
-  const TargetModelConfig& t = s->model_->config();
-  if (gpu) FD_RETURN_IF_ERROR(PlaceOnGpu(*s->model_, o));
-  s->layers_ = o.layer_ids.empty()
-                   ? DefaultTargetLayerIds(static_cast<int>(t.num_hidden_layers), o.num_features)
-                   : o.layer_ids;
-  for (int id : s->layers_) {
-    if (id < 0 || id >= t.num_hidden_layers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "target.layer_ids: ", id, " is outside the target's ", t.num_hidden_layers, " layers"));
-    }
-  }
-  s->feature_size_ = static_cast<int64_t>(s->layers_.size()) * t.hidden_size;
+  FD_ASSIGN_OR_RETURN(s->features_, TargetFeatures::Open(o.target));
   // Tokenize the whole data set now: lengths are needed to plan, and bad lines surface at once.
   FD_RETURN_IF_ERROR(s->Tokenize());
   if (s->ids_.empty())
@@ -101,8 +41,8 @@ absl::Status TargetModelSource::Tokenize() {
   Progress progress = Progress::ForLog(
       absl::StrCat(o.regenerate ? "tokenizing and regenerating " : "tokenizing ", o.data_jsonl),
       bytes, "B");
-  ChatLineReader reader({o.target_dir, o.tokenizer, o.max_new_tokens}, *model_);
-  const int64_t vocab = model_->config().vocab_size;
+  ChatLineReader reader({o.target.target_dir, o.tokenizer, o.max_new_tokens}, features_->model());
+  const int64_t vocab = features_->model().config().vocab_size;
   std::string line;
   int64_t line_no = 0;
   std::vector<int64_t> ids, mask;
@@ -118,9 +58,9 @@ absl::Status TargetModelSource::Tokenize() {
       return absl::InvalidArgumentError(
           absl::StrCat(o.data_jsonl, ":", line_no, ": ", st.message()));
     }
-    if (static_cast<int64_t>(ids.size()) > o.max_seq_len) {
-      ids.resize(o.max_seq_len);
-      mask.resize(o.max_seq_len);
+    if (static_cast<int64_t>(ids.size()) > o.target.max_seq_len) {
+      ids.resize(o.target.max_seq_len);
+      mask.resize(o.target.max_seq_len);
     }
     ids_.push_back(ids);
     masks_.push_back(mask);
@@ -146,15 +86,7 @@ uint64_t TargetModelSource::computed() const {
 }
 
 absl::StatusOr<std::vector<uint8_t>> TargetModelSource::Compute(uint64_t index) const {
-  const torch::Tensor input = torch::tensor(ids_[index], torch::kInt64).unsqueeze(0);
-  FD_ASSIGN_OR_RETURN(TargetOutput out, model_->Forward(input, layers_, /*with_logits=*/false));
-  const torch::Tensor f =
-      out.features.squeeze(0)
-          .to(options_.feature_dtype == DType::kBF16 ? torch::kBFloat16 : torch::kFloat32)
-          .to(torch::kCPU)
-          .contiguous();
-  const uint8_t* p = static_cast<const uint8_t*>(f.data_ptr());
-  return std::vector<uint8_t>(p, p + f.nbytes());
+  return features_->Compute(ids_[index]);
 }
 
 absl::StatusOr<Sample> TargetModelSource::GetTokens(uint64_t index) const {
@@ -165,7 +97,7 @@ absl::StatusOr<Sample> TargetModelSource::GetTokens(uint64_t index) const {
   s.index = index;
   s.input_ids = ids_[index];
   s.loss_mask = masks_[index];
-  s.feature_dtype = options_.feature_dtype;
+  s.feature_dtype = options_.target.feature_dtype;
   return s;
 }
 
@@ -243,13 +175,8 @@ absl::StatusOr<SourceBundle> OpenTargetSource(const JobConfig& j) {
     return absl::InvalidArgumentError("data.source 'target' needs data.jsonl");
   }
   TargetSourceOptions o;
-  o.target_dir = j.target.path;
+  o.target = TargetFeatureOptionsFor(j, j.target.path);
   o.data_jsonl = j.data.jsonl;
-  o.layer_ids = j.target.layer_ids;
-  o.num_features = j.drafter.num_target_features;
-  o.max_seq_len = j.data.max_seq_len;
-  o.feature_dtype = j.target.dtype == "float32" ? DType::kF32 : DType::kBF16;
-  o.device = j.target.device;
   o.regenerate = j.data.regenerate;
   o.max_new_tokens = j.data.max_new_tokens;
   o.max_cached = static_cast<size_t>(std::max(1, j.data.prefetch_steps + 1) *

@@ -19,22 +19,14 @@
 #include "absl/synchronization/mutex.h"
 #include "common/job_config.h"
 #include "coordinator/sources/hidden_state_source.h"
+#include "coordinator/sources/target_features.h"
 
 namespace flashdraft {
 
-class TargetModel;
-
 struct TargetSourceOptions {
-  std::string target_dir;
+  TargetFeatureOptions target;  // the model and its features (TargetFeatureOptionsFor)
   std::string data_jsonl;
-  std::string tokenizer;       // empty: <target_dir>/tokenizer.json
-  std::vector<int> layer_ids;  // empty: DFLASH.md §2 formula with num_features
-  int num_features = 5;
-  int64_t max_seq_len = 3072;
-  DType feature_dtype = DType::kBF16;
-  // "cpu" | "cuda" (target.device): cuda runs the target on the first visible GPU in the feature
-  // dtype; the CPU runs it in fp32.
-  std::string device = "cpu";
+  std::string tokenizer;    // empty: <target.target_dir>/tokenizer.json
   bool regenerate = false;  // assistant turns become the target's greedy answers at open
   int64_t max_new_tokens = 256;
   int threads = 1;          // background forward threads
@@ -47,8 +39,8 @@ class TargetModelSource : public HiddenStateSource {
   ~TargetModelSource() override;
 
   uint64_t num_samples() const override { return ids_.size(); }
-  int64_t feature_size() const override { return feature_size_; }
-  DType feature_dtype() const override { return options_.feature_dtype; }
+  int64_t feature_size() const override { return features_->feature_size(); }
+  DType feature_dtype() const override { return options_.target.feature_dtype; }
   int64_t SampleLength(uint64_t index) const override {
     return static_cast<int64_t>(ids_[index].size());
   }
@@ -56,8 +48,8 @@ class TargetModelSource : public HiddenStateSource {
   absl::StatusOr<Sample> GetTokens(uint64_t index) const override;
   void Prefetch(const std::vector<uint64_t>& indices) const ABSL_LOCKS_EXCLUDED(mu_) override;
 
-  const std::vector<int>& layer_ids() const { return layers_; }
-  const TargetModel& model() const { return *model_; }
+  const std::vector<int>& layer_ids() const { return features_->layer_ids(); }
+  const TargetModel& model() const { return features_->model(); }
   // Samples computed so far (on demand and ahead), for tests and metrics.
   uint64_t computed() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -72,9 +64,7 @@ class TargetModelSource : public HiddenStateSource {
   bool WorkOrStopLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   TargetSourceOptions options_;
-  std::unique_ptr<TargetModel> model_;
-  std::vector<int> layers_;
-  int64_t feature_size_ = 0;
+  std::unique_ptr<TargetFeatures> features_;
   std::vector<std::vector<int64_t>> ids_, masks_;
 
   mutable absl::Mutex mu_;

@@ -1,0 +1,110 @@
+// The job's target feeders (docs/ARCHITECTURE.md, "Feeders"): their admission, their Feed
+// streams, which feeder computes which shard, the releases after commits, and their losses.
+//
+// Its own absl::Mutex; every send is queued on a feeder's FeedLink (never blocks), and the one
+// callback (a feeder lost with work of uncommitted steps) runs outside the lock. Lock order: the
+// pool, then a link's write lock. The step driver waits here for live feeders on the Clock.
+#pragma once
+
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/status.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/numeric_env.h"
+#include "common/target_fingerprint.h"
+#include "flashdraft/v1/feeder.pb.h"
+
+namespace flashdraft {
+
+// One feeder's Feed stream, as the pool sees it (FeedSession over gRPC; a fake in tests).
+class FeedLink {
+ public:
+  virtual ~FeedLink() = default;
+  // Queues a serialized FeedMessage; dropped once the stream is over.
+  virtual void Send(grpc::ByteBuffer message) = 0;
+  // Ends the stream with `status` after what is queued.
+  virtual void Close(const grpc::Status& status) = 0;
+};
+
+struct FeederPoolOptions {
+  TargetFingerprintValue target;  // the job's target: a feeder must hold the same
+  NumericEnv numerics;            // the coordinator's: a feeder must compute the same bits
+  bool on_gpu = false;            // target.device: cuda (a feeder's device is then its GPU)
+  std::string job_config_yaml;    // FeederJoinReply
+};
+
+// Why a feeder may not join (empty: it may), from its request alone.
+std::string FeederRefusal(const v1::FeederJoinRequest& request, const FeederPoolOptions& options);
+
+class FeederPool {
+ public:
+  FeederPool(FeederPoolOptions options, const Clock& clock);
+
+  // --- reactions (gRPC threads); never block ---
+  void Join(const v1::FeederJoinRequest& request, v1::FeederJoinReply* reply)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The first message of a Feed stream: NOT_FOUND for an unknown token, ALREADY_EXISTS when it
+  // has a stream. The feeder is live from here until Lost.
+  absl::Status Bind(const std::string& token, FeedLink* link) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnStatus(const std::string& token, const v1::FeederStatus& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Its stream ended or it reported an error: its link is forgotten before this returns.
+  void Lost(const std::string& token, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Called (outside the lock) when a lost feeder held shards of steps not committed yet: they
+  // must be sent again.
+  void SetOnLostWork(std::function<void(const std::string& why)> on_lost_work);
+
+  // --- the step driver ---
+  int live() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until `count` feeders are live: OK; DEADLINE_EXCEEDED at `deadline` (the Clock's
+  // seconds); the reason of Abort. `waiting` is called once when it has to wait.
+  absl::Status AwaitLive(int count, double deadline, const std::function<void()>& waiting)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends `work` to a live feeder: the one it went to before while that one lives (it holds the
+  // computed features), otherwise the one with the fewest shards outstanding (ties: the earliest
+  // joined). The feeder's service address; nothing when no feeder is live.
+  std::optional<std::string> Assign(const v1::ShardWork& work) ABSL_LOCKS_EXCLUDED(mu_);
+  // The steps below `committed_steps` are committed: every feeder may free them.
+  void Release(uint64_t committed_steps) ABSL_LOCKS_EXCLUDED(mu_);
+  // Every wait ends with `why`.
+  void Abort(absl::Status why) ABSL_LOCKS_EXCLUDED(mu_);
+  // The job is over: every feeder gets a Shutdown and its stream ends.
+  void Finish(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Feeder {
+    std::string id;
+    std::string address;
+    uint64_t joined = 0;                                  // join order
+    FeedLink* link = nullptr;                             // null until its stream binds
+    std::set<std::pair<uint64_t, uint32_t>> outstanding;  // (step, shard) not released
+    v1::FeederStatus status;
+  };
+  bool LiveLocked(int count) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string PickLocked(const std::pair<uint64_t, uint32_t>& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const FeederPoolOptions options_;
+  const Clock& clock_;
+  std::function<void(const std::string&)> on_lost_work_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Feeder> feeders_ ABSL_GUARDED_BY(mu_);  // by session token
+  // Who computes each shard not released yet (a re-sent shard goes back there).
+  std::map<std::pair<uint64_t, uint32_t>, std::string> owner_ ABSL_GUARDED_BY(mu_);
+  uint64_t joins_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t released_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace flashdraft

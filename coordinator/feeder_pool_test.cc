@@ -1,0 +1,215 @@
+#include "coordinator/feeder_pool.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/chunk_wire.h"
+
+namespace flashdraft {
+namespace {
+
+using ::testing::HasSubstr;
+
+// What a feeder's stream carried.
+class FakeFeedLink : public FeedLink {
+ public:
+  void Send(grpc::ByteBuffer message) override {
+    v1::FeedMessage m;
+    ASSERT_TRUE(BufferToMessage(message, &m));
+    sent.push_back(m);
+  }
+  void Close(const grpc::Status& status) override { closed = status.ok() ? "OK" : "error"; }
+  std::vector<v1::FeedMessage> sent;
+  std::string closed;
+};
+
+NumericEnv Numerics() {
+  NumericEnv env;
+  env.torch = "1.13.1";
+  env.torch_build = "cpu, AVX2";
+  env.blas = "OpenBLAS 0.3.21";
+  env.blas_core = "Haswell";
+  env.device = "cpu";
+  env.blas_threads = 1;
+  env.cpu = "a CPU";
+  return env;
+}
+
+FeederPoolOptions Options() {
+  FeederPoolOptions o;
+  o.target = {"c0nf1g", "t3ns0rs"};
+  o.numerics = Numerics();
+  o.job_config_yaml = "name: job\n";
+  return o;
+}
+
+v1::FeederJoinRequest Request(const std::string& id) {
+  v1::FeederJoinRequest r;
+  r.set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  r.set_feeder_id(id);
+  r.set_serve_address(id + ".host:7000");
+  r.mutable_target()->set_config_sha256("c0nf1g");
+  r.mutable_target()->set_tensors_sha256("t3ns0rs");
+  NumericEnvToProto(Numerics(), r.mutable_capability()->mutable_numerics());
+  return r;
+}
+
+v1::ShardWork Work(uint64_t step, uint32_t shard) {
+  v1::ShardWork w;
+  w.set_ticket(absl::StrCat("t", step, ".", shard));
+  w.mutable_header()->set_step(step);
+  w.mutable_header()->set_shard(shard);
+  return w;
+}
+
+TEST(FeederRefusalTest, AFeederOfAnotherTargetOrNumericsIsRefusedSayingWhy) {
+  EXPECT_EQ(FeederRefusal(Request("f"), Options()), "");
+  v1::FeederJoinRequest r = Request("f");
+  r.set_protocol_version(6);
+  EXPECT_THAT(FeederRefusal(r, Options()), HasSubstr("protocol version 6"));
+  r = Request("f");
+  r.mutable_target()->set_config_sha256("other");
+  EXPECT_THAT(FeederRefusal(r, Options()),
+              HasSubstr("config.json (sha256 other) is not the job's"));
+  r = Request("f");
+  r.mutable_target()->set_tensors_sha256("other");
+  EXPECT_THAT(FeederRefusal(r, Options()), HasSubstr("its target's tensors"));
+  r = Request("f");
+  r.set_serve_address("");
+  EXPECT_THAT(FeederRefusal(r, Options()), HasSubstr("no serve_address"));
+  r = Request("");
+  EXPECT_THAT(FeederRefusal(r, Options()), HasSubstr("feeder id"));
+  r = Request("f");
+  NumericEnv other = Numerics();
+  other.blas_core = "SkylakeX";
+  NumericEnvToProto(other, r.mutable_capability()->mutable_numerics());
+  EXPECT_THAT(FeederRefusal(r, Options()),
+              HasSubstr("numeric environment differs from the coordinator's"));
+}
+
+// A pool with feeders joined and bound, by id.
+class FeederPoolTest : public ::testing::Test {
+ protected:
+  std::string JoinAndBind(const std::string& id, FakeFeedLink* link) {
+    v1::FeederJoinReply reply;
+    pool_.Join(Request(id), &reply);
+    EXPECT_TRUE(reply.accepted()) << reply.reason();
+    EXPECT_EQ(reply.job_config_yaml(), "name: job\n");
+    EXPECT_TRUE(pool_.Bind(reply.session_token(), link).ok());
+    return reply.session_token();
+  }
+  static std::vector<std::string> Tickets(const FakeFeedLink& link) {
+    std::vector<std::string> out;
+    for (const auto& m : link.sent) {
+      if (m.has_work()) out.push_back(m.work().ticket());
+    }
+    return out;
+  }
+
+  FakeClock clock_;
+  FeederPool pool_{Options(), clock_};
+};
+
+TEST_F(FeederPoolTest, ShardsGoToTheLeastLoadedFeederAndBackToTheirOwnerWhenSentAgain) {
+  FakeFeedLink a, b;
+  JoinAndBind("a", &a);
+  JoinAndBind("b", &b);
+  EXPECT_EQ(pool_.live(), 2);
+  EXPECT_EQ(*pool_.Assign(Work(0, 0)), "a.host:7000");  // a tie: the earlier one
+  EXPECT_EQ(*pool_.Assign(Work(0, 1)), "b.host:7000");
+  EXPECT_EQ(*pool_.Assign(Work(0, 2)), "a.host:7000");
+  EXPECT_EQ(*pool_.Assign(Work(1, 0)), "b.host:7000");
+  // Step 0 again (a re-formed group): each shard to the feeder that holds it.
+  v1::ShardWork again = Work(0, 1);
+  again.set_ticket("again");
+  EXPECT_EQ(*pool_.Assign(again), "b.host:7000");
+  EXPECT_THAT(Tickets(a), ::testing::ElementsAre("t0.0", "t0.2"));
+  EXPECT_THAT(Tickets(b), ::testing::ElementsAre("t0.1", "t1.0", "again"));
+  // Step 0 commits: both hear it; a, now empty, takes the next shard.
+  pool_.Release(1);
+  ASSERT_TRUE(a.sent.back().has_release());
+  EXPECT_EQ(a.sent.back().release().committed_steps(), 1u);
+  EXPECT_TRUE(b.sent.back().has_release());
+  EXPECT_EQ(*pool_.Assign(Work(1, 1)), "a.host:7000");
+}
+
+TEST_F(FeederPoolTest, AFeederLostWithWorkInFlightAsksForTheStepsAgain) {
+  std::vector<std::string> reforms;
+  pool_.SetOnLostWork([&](const std::string& why) { reforms.push_back(why); });
+  FakeFeedLink a, b;
+  const std::string ta = JoinAndBind("a", &a);
+  const std::string tb = JoinAndBind("b", &b);
+  pool_.Assign(Work(0, 0));  // a
+  pool_.Release(1);
+  pool_.Lost(ta, "its stream ended");  // nothing of it was in flight
+  EXPECT_TRUE(reforms.empty());
+  pool_.Assign(Work(1, 0));  // b, the only one left
+  pool_.Lost(tb, "its stream ended");
+  ASSERT_EQ(reforms.size(), 1u);
+  EXPECT_THAT(reforms[0], HasSubstr("feeder 'b' was lost (its stream ended) with 1 shard(s)"));
+  EXPECT_EQ(pool_.live(), 0);
+  EXPECT_FALSE(pool_.Assign(Work(1, 0)).has_value());
+  // The same id may join again once its old self is gone.
+  FakeFeedLink b2;
+  JoinAndBind("b", &b2);
+  EXPECT_EQ(*pool_.Assign(Work(1, 0)), "b.host:7000");
+  EXPECT_EQ(b2.sent.front().release().committed_steps(), 1u) << "a newcomer hears where the job is";
+}
+
+TEST_F(FeederPoolTest, JoinsAndBindsAreChecked) {
+  FakeFeedLink a;
+  JoinAndBind("a", &a);
+  v1::FeederJoinReply twice;
+  pool_.Join(Request("a"), &twice);
+  EXPECT_FALSE(twice.accepted());
+  EXPECT_THAT(twice.reason(), HasSubstr("feeder id 'a' is already in the job"));
+  EXPECT_TRUE(absl::IsNotFound(pool_.Bind("no-such-token", &a)));
+  v1::FeederJoinReply b;
+  pool_.Join(Request("b"), &b);
+  ASSERT_TRUE(pool_.Bind(b.session_token(), &a).ok());
+  EXPECT_TRUE(absl::IsAlreadyExists(pool_.Bind(b.session_token(), &a)));
+}
+
+TEST_F(FeederPoolTest, AwaitLiveWaitsOnTheClockForFeeders) {
+  // None comes: the deadline on the fake clock ends the wait.
+  bool waited = false;
+  absl::Status none;
+  std::thread t([&] { none = pool_.AwaitLive(1, clock_.Now() + 60, [&] { waited = true; }); });
+  while (clock_.waiting() == 0) std::this_thread::yield();
+  clock_.Advance(61);
+  t.join();
+  EXPECT_TRUE(waited);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(none)) << none;
+  EXPECT_THAT(none.message(), HasSubstr("cluster.min_feeders"));
+  // One comes.
+  absl::Status one;
+  std::thread u([&] { one = pool_.AwaitLive(1, clock_.Now() + 60, nullptr); });
+  while (clock_.waiting() == 0) std::this_thread::yield();
+  FakeFeedLink a;
+  JoinAndBind("a", &a);
+  u.join();
+  EXPECT_TRUE(one.ok()) << one;
+  // An abort ends a wait with its reason.
+  pool_.Abort(absl::CancelledError("stopped"));
+  EXPECT_EQ(pool_.AwaitLive(2, clock_.Now() + 60, nullptr).message(), "stopped");
+}
+
+TEST_F(FeederPoolTest, FinishShutsEveryFeederDown) {
+  FakeFeedLink a;
+  JoinAndBind("a", &a);
+  pool_.Finish("job finished");
+  ASSERT_TRUE(a.sent.back().has_shutdown());
+  EXPECT_EQ(a.sent.back().shutdown().reason(), "job finished");
+  EXPECT_EQ(a.closed, "OK");
+  v1::FeederJoinReply late;
+  pool_.Join(Request("late"), &late);
+  EXPECT_FALSE(late.accepted());
+}
+
+}  // namespace
+}  // namespace flashdraft

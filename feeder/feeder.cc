@@ -1,0 +1,292 @@
+#include "feeder/feeder.h"
+
+#include <unistd.h>
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/clock.h"
+#include "common/cuda_util.h"
+#include "common/file_util.h"
+#include "common/grpc_options.h"
+#include "common/job_config.h"
+#include "common/net_util.h"
+#include "common/numeric_env.h"
+#include "common/status_macros.h"
+#include "common/target_fingerprint.h"
+#include "coordinator/sources/target_features.h"
+#include "feeder/feeder_service.h"
+#include "feeder/shard_builder.h"
+#include "feeder/shard_store.h"
+#include "flashdraft/v1/feeder.grpc.pb.h"
+#include "glog/logging.h"
+#include "model/numeric_probe.h"
+
+namespace flashdraft {
+namespace {
+
+std::string HostName() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+class FeederProcess {
+ public:
+  explicit FeederProcess(const FeederOptions& o) : o_(o) {}
+
+  absl::Status Run() {
+    FD_RETURN_IF_ERROR(Serve());
+    FD_RETURN_IF_ERROR(JoinJob());
+    FD_RETURN_IF_ERROR(OpenTarget());
+    const absl::Status result = Feed();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    return result;
+  }
+
+ private:
+  using FeedStream = grpc::ClientReaderWriter<v1::FeederMessage, v1::FeedMessage>;
+
+  absl::Status Serve();
+  absl::Status JoinJob();
+  absl::Status OpenTarget();
+  absl::Status Feed();
+  // The Feed stream's messages until a Shutdown (OK), the stream's end or a bad assignment.
+  absl::Status ReadWork();
+  void Compute();
+  void ReportStatus(bool first) ABSL_LOCKS_EXCLUDED(write_mu_);
+  void ReportLoop() ABSL_LOCKS_EXCLUDED(stop_mu_);
+  void SendError(const std::string& error) ABSL_LOCKS_EXCLUDED(write_mu_);
+
+  const FeederOptions& o_;
+  TargetFingerprintValue fingerprint_;
+  std::unique_ptr<ServerSecurity> server_security_;
+  std::unique_ptr<ShardStore> store_;
+  std::unique_ptr<grpc::Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string advertise_;
+  std::unique_ptr<v1::FeederControl::Stub> stub_;
+  std::string token_;
+  JobConfig job_;
+  std::unique_ptr<TargetFeatures> features_;
+  FeatureLayout layout_;
+  grpc::ClientContext feed_ctx_;
+  std::unique_ptr<FeedStream> stream_;
+  absl::Mutex write_mu_;  // one writer at a time on stream_
+  absl::Mutex stop_mu_;
+  bool stop_ ABSL_GUARDED_BY(stop_mu_) = false;
+  absl::Status compute_error_ ABSL_GUARDED_BY(stop_mu_);
+};
+
+// The FetchShard service first, so that the join can say where it is.
+absl::Status FeederProcess::Serve() {
+  FD_ASSIGN_OR_RETURN(fingerprint_, FingerprintTarget(o_.target_path));
+  if (o_.security.tls() && (o_.serve_tls_cert.empty() || o_.serve_tls_key.empty())) {
+    return absl::InvalidArgumentError(
+        "the job uses TLS: the feeder's service needs --serve-tls-cert and --serve-tls-key "
+        "(deploy/make-certs.sh issues them)");
+  }
+  SecurityConfig serve;
+  serve.tls_cert = o_.serve_tls_cert;
+  serve.tls_key = o_.serve_tls_key;
+  serve.tls_ca = o_.security.tls_ca;
+  serve.client_auth = !o_.security.tls_cert.empty();  // workers present their client certificate
+  serve.token_file = o_.security.token_file;
+  FD_ASSIGN_OR_RETURN(server_security_, ServerSecurity::Create(serve, RealClock::Get()));
+  store_ = std::make_unique<ShardStore>(o_.max_bytes);
+  service_ = NewFeederService(*store_, *server_security_);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(o_.listen, server_security_->credentials(), &port);
+  ConfigureServer(builder);
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (!server_ || port == 0)
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", o_.listen));
+  advertise_ = o_.advertise;
+  if (advertise_.empty()) {
+    advertise_ = ScrapeAddress(o_.listen, port, LocalAddressToward(o_.coordinator).value_or(""));
+  }
+  if (!o_.port_file.empty()) {
+    FD_RETURN_IF_ERROR(WriteFileAtomically(o_.port_file, absl::StrCat(port, "\n")));
+  }
+  LOG(INFO) << "FetchShard on " << o_.listen << ", port " << port << " (workers reach it at "
+            << advertise_ << "); security: " << server_security_->description();
+  return absl::OkStatus();
+}
+
+absl::Status FeederProcess::JoinJob() {
+  FD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                      CreateSecureChannel(o_.coordinator, o_.security));
+  stub_ = v1::FeederControl::NewStub(channel);
+  v1::FeederJoinRequest join;
+  join.set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  join.set_feeder_id(o_.feeder_id.empty() ? absl::StrCat(HostName(), ":", getpid()) : o_.feeder_id);
+  join.mutable_capability()->set_hostname(HostName());
+  // Its GPU's name whether or not the job runs the target there: the coordinator, which knows
+  // target.device, compares it with its own.
+  const std::string gpu = CudaDeviceCount() > 0 ? CudaDeviceName(0) : "";
+  join.mutable_capability()->set_device(gpu.empty() ? "cpu"
+                                                    : "cuda x" + std::to_string(CudaDeviceCount()));
+  NumericEnvToProto(ProbeNumericEnv(gpu), join.mutable_capability()->mutable_numerics());
+  join.set_serve_address(advertise_);
+  join.mutable_target()->set_config_sha256(fingerprint_.config_sha256);
+  join.mutable_target()->set_tensors_sha256(fingerprint_.tensors_sha256);
+  const double start = RealClock::Get().Now();
+  v1::FeederJoinReply reply;
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_wait_for_ready(true);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    const grpc::Status s = stub_->JoinFeeder(&ctx, join, &reply);
+    if (s.ok()) break;
+    const bool retry = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                       s.error_code() == grpc::StatusCode::UNAVAILABLE;
+    if (!retry || RealClock::Get().Now() - start > o_.connect_timeout_seconds) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot join the coordinator at ", o_.coordinator, ": ", s.error_message()));
+    }
+  }
+  if (!reply.accepted()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("refused by the coordinator: ", reply.reason()));
+  }
+  token_ = reply.session_token();
+  FD_ASSIGN_OR_RETURN(job_, ParseJobConfig(reply.job_config_yaml(), "the coordinator's job"));
+  LOG(INFO) << "joined job '" << job_.name << "' as " << join.feeder_id();
+  return absl::OkStatus();
+}
+
+absl::Status FeederProcess::OpenTarget() {
+  FD_ASSIGN_OR_RETURN(features_,
+                      TargetFeatures::Open(TargetFeatureOptionsFor(job_, o_.target_path)));
+  layout_ = {features_->feature_size(), features_->feature_dtype(), job_.data.max_seq_len};
+  return absl::OkStatus();
+}
+
+absl::Status FeederProcess::Feed() {
+  stream_ = stub_->Feed(&feed_ctx_);
+  ReportStatus(/*first=*/true);
+  std::vector<std::thread> computing;
+  for (int i = 0; i < std::max(1, o_.threads); ++i) computing.emplace_back([this] { Compute(); });
+  std::thread reporting([this] { ReportLoop(); });
+  absl::Status result = ReadWork();
+  {
+    absl::MutexLock lock(&stop_mu_);
+    stop_ = true;
+    if (result.ok() && !compute_error_.ok()) result = compute_error_;
+  }
+  store_->Shutdown(result.ok() ? absl::CancelledError("the job is over") : result);
+  for (std::thread& t : computing) t.join();
+  reporting.join();
+  {
+    absl::MutexLock lock(&write_mu_);
+    stream_->WritesDone();
+  }
+  feed_ctx_.TryCancel();
+  stream_->Finish();
+  return result;
+}
+
+absl::Status FeederProcess::ReadWork() {
+  v1::FeedMessage m;
+  while (stream_->Read(&m)) {
+    switch (m.kind_case()) {
+      case v1::FeedMessage::kWork: {
+        absl::StatusOr<uint64_t> bytes = ShardFeatureBytes(m.work(), layout_);
+        absl::Status s =
+            bytes.ok() ? store_->Assign(std::move(*m.mutable_work()), *bytes) : bytes.status();
+        if (!s.ok()) {
+          SendError(std::string(s.message()));
+          return s;
+        }
+        break;
+      }
+      case v1::FeedMessage::kRelease:
+        store_->Release(m.release().committed_steps());
+        break;
+      case v1::FeedMessage::kShutdown:
+        LOG(INFO) << "shut down by the coordinator: " << m.shutdown().reason();
+        return absl::OkStatus();
+      default:
+        break;
+    }
+  }
+  absl::MutexLock lock(&stop_mu_);
+  if (!compute_error_.ok()) return compute_error_;
+  return absl::UnavailableError(
+      absl::StrCat("the coordinator at ", o_.coordinator, " ended the Feed stream"));
+}
+
+void FeederProcess::Compute() {
+  const ComputeFeatures compute = [this](const std::vector<int64_t>& ids) {
+    return features_->Compute(ids);
+  };
+  while (std::optional<ShardStore::Pending> p = store_->NextToCompute()) {
+    absl::StatusOr<std::vector<grpc::ByteBuffer>> chunks = BuildShard(p->work, layout_, compute);
+    if (!chunks.ok()) {
+      // The feeder is broken (out of memory, a bad model): the coordinator hears why, and the
+      // stream's end makes it give this feeder's work to others.
+      LOG(ERROR) << "step " << p->key.step << " shard " << p->key.shard << ": " << chunks.status();
+      SendError(std::string(chunks.status().message()));
+      {
+        absl::MutexLock lock(&stop_mu_);
+        if (compute_error_.ok()) compute_error_ = chunks.status();
+      }
+      feed_ctx_.TryCancel();
+    }
+    store_->Complete(p->key, std::move(chunks));
+  }
+}
+
+void FeederProcess::ReportStatus(bool first) {
+  const ShardStore::Stats stats = store_->stats();
+  v1::FeederMessage m;
+  m.set_session_token(token_);
+  v1::FeederStatus* s = m.mutable_status();
+  s->set_unix_millis(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
+  s->set_held_bytes(stats.held_bytes);
+  s->set_shards_computed(stats.computed);
+  s->set_shards_pending(stats.pending);
+  if (first) m.set_feeder_id(o_.feeder_id);
+  absl::MutexLock lock(&write_mu_);
+  stream_->Write(m);
+}
+
+void FeederProcess::ReportLoop() {
+  const double interval = std::max(0.05, job_.cluster.heartbeat_interval_seconds);
+  const Clock& clock = RealClock::Get();
+  while (true) {
+    {
+      absl::MutexLock lock(&stop_mu_);
+      auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stop_mu_) { return stop_; };
+      if (clock.AwaitUntil(stop_mu_, absl::Condition(&stopped), clock.Now() + interval)) return;
+    }
+    ReportStatus(/*first=*/false);
+  }
+}
+
+void FeederProcess::SendError(const std::string& error) {
+  v1::FeederMessage m;
+  m.set_session_token(token_);
+  m.set_error(error);
+  absl::MutexLock lock(&write_mu_);
+  stream_->Write(m);
+}
+
+}  // namespace
+
+absl::Status RunFeeder(const FeederOptions& options) {
+  if (options.target_path.empty()) {
+    return absl::InvalidArgumentError("--target is required: the job's target folder on this host");
+  }
+  FeederProcess process(options);
+  return process.Run();
+}
+
+}  // namespace flashdraft

@@ -1,0 +1,140 @@
+// Target feeders (docs/ARCHITECTURE.md, "Feeders") on the README demo job: the same steps.jsonl
+// numbers and the same exported drafter, to the bit, whether the coordinator runs the target or
+// 1 or 3 flashdraft-feeder processes compute every shard and serve it to the workers; and a
+// feeder killed with SIGKILL mid-run changes nothing in the result.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "tests/support/test_util.h"
+
+namespace flashdraft {
+namespace {
+
+using ::flashdraft::testing::FindProcess;
+using ::flashdraft::testing::FirstDifferentStep;
+using ::flashdraft::testing::ReadSteps;
+using ::flashdraft::testing::RunCommand;
+using ::flashdraft::testing::StartProcess;
+using ::flashdraft::testing::TempDir;
+using ::testing::HasSubstr;
+
+const std::string kBin = FLASHDRAFT_BIN_DIR;
+const std::string kSource = FLASHDRAFT_SOURCE_DIR;
+constexpr int kSteps = 40;
+
+class FeederTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    auto made =
+        RunCommand(absl::StrCat(kBin, "/flashdraft make-tiny-target --out ", dir_->Join("target"),
+                                " --steps 150 --merges 256 --hidden 64 --layers 4"));
+    ASSERT_EQ(made.exit_code, 0) << made.output;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  // `flashdraft launch` of the demo job with 2 workers and `feeders` feeders, as argv.
+  static std::vector<std::string> Launch(int feeders, const std::string& out) {
+    const std::string target = dir_->Join("target");
+    return {kBin + "/flashdraft",
+            "launch",
+            kSource + "/deploy/examples/demo.yaml",
+            "--workers",
+            "2",
+            "--feeders",
+            std::to_string(feeders),
+            "--out",
+            out,
+            "--max-restarts",
+            "0",
+            "--set",
+            "target.path=" + target,
+            "--set",
+            "data.jsonl=" + target + "/chats.jsonl",
+            "--set",
+            absl::StrCat("train.max_steps=", kSteps),
+            "--set",
+            "checkpoint.every_steps=0"};
+  }
+  static std::string Joined(const std::vector<std::string>& argv) {
+    std::string out;
+    for (const std::string& a : argv) absl::StrAppend(&out, out.empty() ? "" : " ", a);
+    return out;
+  }
+  // The run with the target in the coordinator, once.
+  static const std::vector<nlohmann::json>& Reference() {
+    static const std::vector<nlohmann::json>* steps = [] {
+      const std::string out = dir_->Join("feeders0");
+      auto run = RunCommand(Joined(Launch(0, out)));
+      EXPECT_EQ(run.exit_code, 0) << run.output;
+      return new std::vector<nlohmann::json>(ReadSteps(out + "/steps.jsonl"));
+    }();
+    return *steps;
+  }
+  static void ExpectSameAsReference(const std::string& out, const std::string& what) {
+    ASSERT_EQ(Reference().size(), static_cast<size_t>(kSteps));
+    const std::vector<nlohmann::json> steps = ReadSteps(out + "/steps.jsonl");
+    EXPECT_EQ(steps.size(), static_cast<size_t>(kSteps)) << what;
+    EXPECT_EQ(FirstDifferentStep(Reference(), steps), "") << what;
+    const auto reference = ReadFile(dir_->Join("feeders0/drafter/model.safetensors"));
+    const auto drafter = ReadFile(out + "/drafter/model.safetensors");
+    ASSERT_TRUE(reference.ok() && drafter.ok()) << what;
+    EXPECT_TRUE(*reference == *drafter) << what << ": the exported drafters differ";
+  }
+
+  static TempDir* dir_;
+};
+TempDir* FeederTest::dir_ = nullptr;
+
+TEST_F(FeederTest, TheDemoJobIsTheSameBitsWithZeroOneAndThreeFeeders) {
+  ASSERT_EQ(Reference().size(), static_cast<size_t>(kSteps));
+  // It trains: there are loss tokens and the loss falls.
+  EXPECT_GT(Reference().front()["tokens"].get<int64_t>(), 0);
+  EXPECT_LT(Reference().back()["loss"].get<double>(), Reference().front()["loss"].get<double>());
+  for (int feeders : {1, 3}) {
+    const std::string out = dir_->Join(absl::StrCat("feeders", feeders));
+    auto run = RunCommand(Joined(Launch(feeders, out)));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    ExpectSameAsReference(out, absl::StrCat(feeders, " feeder(s)"));
+    // The features came from the feeders: each served shards, the coordinator computed none.
+    for (int f = 0; f < feeders; ++f) {
+      const auto log = ReadFile(absl::StrCat(out, "/logs/feeder-", f, ".log"));
+      ASSERT_TRUE(log.ok()) << log.status();
+      EXPECT_THAT(*log, HasSubstr("joined job 'demo'"));
+      EXPECT_THAT(*log, HasSubstr("shut down by the coordinator: job finished"));
+    }
+    EXPECT_THAT(*ReadFile(out + "/logs/coordinator.log"),
+                HasSubstr("every shard's features are computed by a feeder"));
+  }
+}
+
+// kill -9 one of two feeders mid-run: its shards go to the other, the steps in flight are sent
+// again, and the job ends with the numbers and drafter of an undisturbed run.
+TEST_F(FeederTest, AFeederKilledMidRunChangesNothing) {
+  const std::string out = dir_->Join("killed");
+  std::filesystem::create_directories(out);
+  const int launch = StartProcess(Launch(2, out), out + ".log");
+  for (int i = 0; i < 12000 && ReadSteps(out + "/steps.jsonl").size() < 10; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(ReadSteps(out + "/steps.jsonl").size(), 10u) << *ReadFile(out + ".log");
+  const int victim = FindProcess({"flashdraft-feeder", "--id feeder-1"});
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  int status = 0;
+  waitpid(launch, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << *ReadFile(out + ".log");
+  ExpectSameAsReference(out, "a feeder killed");
+  EXPECT_THAT(*ReadFile(out + "/logs/coordinator.log"), HasSubstr("feeder 'feeder-1' lost"));
+}
+
+}  // namespace
+}  // namespace flashdraft
