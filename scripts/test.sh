@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --tests
 
 # Sanitizers on what does not link LibTorch (Debian's LibTorch is not built for ASan).
-SANITIZED="flashdraft_common_test flashdraft_coordinator_test flashdraft_cli_test flashdraft_pve_test"
+SANITIZED="flashdraft_common_test flashdraft_coordinator_test flashdraft_cli_test flashdraft_pve_test
+flashdraft_feeder_test"
 FLASHDRAFT_BUILD_DIR=build-asan FLASHDRAFT_TARGETS="$SANITIZED" \
   scripts/build.sh -DFLASHDRAFT_SANITIZE=ON -DFLASHDRAFT_BUILD_BENCH=OFF
 for t in $SANITIZED; do
@@ -40,7 +41,8 @@ FLASHDRAFT_BUILD_DIR=build-tsan scripts/build.sh -DFLASHDRAFT_TSAN=ON -DFLASHDRA
 rm -rf build-tsan/reports && mkdir -p build-tsan/reports
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1 \
 suppressions=$PWD/tests/tsan/suppressions.txt log_path=$PWD/build-tsan/reports/tsan"
-for t in flashdraft_tsan_test flashdraft_common_test flashdraft_coordinator_test flashdraft_cli_test; do
+for t in flashdraft_tsan_test flashdraft_common_test flashdraft_coordinator_test flashdraft_cli_test \
+  flashdraft_feeder_test; do
   OMP_NUM_THREADS=1 "build-tsan/bin/$t" --gtest_brief=1
 done
 # The multi-process tests: workers and coordinator are the TSan binaries of build-tsan/bin. (The
