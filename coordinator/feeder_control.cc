@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/chunk_wire.h"
+#include "common/grpc_refusal.h"
 #include "common/grpc_status.h"
 #include "common/queued_writer.h"
 #include "flashdraft/v1/feeder.grpc.pb.h"
@@ -69,12 +70,6 @@ class FeedSession
   grpc::ByteBuffer in_bytes_;
   v1::FeederMessage in_;
   std::string token_;  // empty until the first message
-};
-
-template <typename Reactor>
-struct Refusal : Reactor {
-  explicit Refusal(grpc::Status status) { this->Finish(std::move(status)); }
-  void OnDone() override { delete this; }
 };
 
 class FeederControlImpl

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/chunk_wire.h"
+#include "common/grpc_refusal.h"
 #include "common/grpc_status.h"
 #include "common/tensor_codec.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
@@ -77,13 +78,6 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 // or out of protobuf messages; the bytes on the wire are the same protobuf encoding.
 //
 // Every method first checks the job secret (ServerSecurity::Authenticate).
-
-// A streaming call ended at once with `status`.
-template <typename Reactor>
-struct Refusal : Reactor {
-  explicit Refusal(grpc::Status status) { this->Finish(std::move(status)); }
-  void OnDone() override { delete this; }
-};
 
 class CoordinatorServiceImpl
     : public v1::Coordinator::WithCallbackMethod_Join<v1::Coordinator::WithRawCallbackMethod_Train<

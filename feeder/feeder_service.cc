@@ -6,6 +6,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_wire.h"
+#include "common/grpc_refusal.h"
 #include "common/grpc_status.h"
 #include "flashdraft/v1/feeder.grpc.pb.h"
 
@@ -68,12 +69,6 @@ class FetchShardReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   uint64_t wait_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<grpc::ByteBuffer> messages_;
   size_t next_ = 0;
-};
-
-template <typename Reactor>
-struct Refusal : Reactor {
-  explicit Refusal(grpc::Status status) { this->Finish(std::move(status)); }
-  void OnDone() override { delete this; }
 };
 
 class FeederServiceImpl : public v1::Feeder::WithRawCallbackMethod_FetchShard<v1::Feeder::Service> {
