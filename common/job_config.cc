@@ -345,7 +345,8 @@ std::string JobFingerprint(const JobConfig& c) {
   // Fields that say how a run computes, not what it computes, and came after checkpoints recorded
   // fingerprints: left out, so that those checkpoints still resume (a new field of this kind goes
   // here too; JobConfigTest.FingerprintOfAFixedJobNeverChanges holds the value).
-  const std::string yaml = EmitJobYaml(same, {"train.blas_kernel", "cluster.mixed_numerics"});
+  const std::string yaml =
+      EmitJobYaml(same, {"train.blas_kernel", "cluster.mixed_numerics", "cluster.min_feeders"});
   return absl::StrFormat("%08x", Crc32c(yaml.data(), yaml.size()));
 }
 

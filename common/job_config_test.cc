@@ -86,8 +86,8 @@ TEST(JobConfigTest, FingerprintNamesTheRunNotThePlace) {
 
 // Checkpoints record their job's fingerprint and a resume refuses another: a field added to the job
 // must not change the fingerprint of a job that leaves it at its default, or every checkpoint
-// written before stops resuming. This value is the fingerprint from before train.blas_kernel and
-// cluster.mixed_numerics existed.
+// written before stops resuming. This value is the fingerprint from before train.blas_kernel,
+// cluster.mixed_numerics and cluster.min_feeders existed.
 TEST(JobConfigTest, FingerprintOfAFixedJobNeverChanges) {
   auto a = ParseJobConfig(kMinimal, "job.yaml");
   ASSERT_TRUE(a.ok());
