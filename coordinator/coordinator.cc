@@ -172,6 +172,7 @@ absl::Status Coordinator::SetUpFeeders() {
   FD_ASSIGN_OR_RETURN(o.target, FingerprintTarget(j.target.path));
   o.numerics = own_numerics_;
   o.on_gpu = j.target.device == "cuda";
+  o.heartbeat_timeout_seconds = j.cluster.heartbeat_timeout_seconds;
   o.job_config_yaml = JobConfigToYaml(j);
   feeders_ = std::make_unique<FeederPool>(std::move(o), *clock_);
   // A feeder lost with shards of steps in flight: they are sent again, to the others.

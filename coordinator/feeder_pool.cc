@@ -1,5 +1,6 @@
 #include "coordinator/feeder_pool.h"
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 
@@ -59,7 +60,56 @@ std::string FeederRefusal(const v1::FeederJoinRequest& r, const FeederPoolOption
 }
 
 FeederPool::FeederPool(FeederPoolOptions options, const Clock& clock)
-    : options_(std::move(options)), clock_(clock) {}
+    : options_(std::move(options)), clock_(clock) {
+  if (options_.heartbeat_timeout_seconds > 0) watch_ = std::thread([this] { WatchSilence(); });
+}
+
+FeederPool::~FeederPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_watch_ = true;
+  }
+  if (watch_.joinable()) watch_.join();
+}
+
+std::vector<std::string> FeederPool::SilentLocked(double now, double* next) {
+  std::vector<std::string> silent;
+  *next = std::numeric_limits<double>::infinity();
+  for (auto& [token, f] : feeders_) {
+    if (f.link == nullptr) continue;
+    const double due = f.heard + options_.heartbeat_timeout_seconds;
+    if (now >= due) {
+      silent.push_back(token);
+      f.link->Close(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "silent feeder"));
+    } else {
+      *next = std::min(*next, due);
+    }
+  }
+  return silent;
+}
+
+void FeederPool::WatchSilence() {
+  const std::string why = absl::StrCat("sent nothing for ", options_.heartbeat_timeout_seconds,
+                                       " s (cluster.heartbeat_timeout_seconds)");
+  while (true) {
+    std::vector<std::string> silent;
+    {
+      absl::MutexLock lock(&mu_);
+      double next = 0;
+      silent = SilentLocked(clock_.Now(), &next);
+      if (silent.empty()) {
+        const uint64_t binds = binds_;
+        auto wake = [this, binds]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_watch_ || binds_ != binds;
+        };
+        clock_.AwaitUntil(mu_, absl::Condition(&wake), next);
+        if (stop_watch_) return;
+        continue;
+      }
+    }
+    for (const std::string& token : silent) Lost(token, why);
+  }
+}
 
 void FeederPool::SetOnLostWork(std::function<void(const std::string&)> on_lost_work) {
   on_lost_work_ = std::move(on_lost_work);
@@ -103,6 +153,8 @@ absl::Status FeederPool::Bind(const std::string& token, FeedLink* link) {
   if (it->second.link != nullptr) return absl::AlreadyExistsError("the feeder has a stream");
   if (finished_) return absl::FailedPreconditionError("the job is over");
   it->second.link = link;
+  it->second.heard = clock_.Now();
+  ++binds_;
   if (released_ > 0) {  // a newcomer frees nothing of the past, but knows where the job is
     v1::FeedMessage release;
     release.mutable_release()->set_committed_steps(released_);
@@ -115,7 +167,9 @@ absl::Status FeederPool::Bind(const std::string& token, FeedLink* link) {
 void FeederPool::OnStatus(const std::string& token, const v1::FeederStatus& status) {
   absl::MutexLock lock(&mu_);
   auto it = feeders_.find(token);
-  if (it != feeders_.end()) it->second.status = status;
+  if (it == feeders_.end()) return;
+  it->second.status = status;
+  it->second.heard = clock_.Now();
 }
 
 void FeederPool::Lost(const std::string& token, const std::string& why) {

@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -41,7 +42,10 @@ struct FeederPoolOptions {
   TargetFingerprintValue target;  // the job's target: a feeder must hold the same
   NumericEnv numerics;            // the coordinator's: a feeder must compute the same bits
   bool on_gpu = false;            // target.device: cuda (a feeder's device is then its GPU)
-  std::string job_config_yaml;    // FeederJoinReply
+  // A live feeder that sends nothing (its status comes every heartbeat interval) this long is
+  // lost, its stream closed (cluster.heartbeat_timeout_seconds; 0: never).
+  double heartbeat_timeout_seconds = 0;
+  std::string job_config_yaml;  // FeederJoinReply
 };
 
 // Why a feeder may not join (empty: it may), from its request alone.
@@ -49,7 +53,10 @@ std::string FeederRefusal(const v1::FeederJoinRequest& request, const FeederPool
 
 class FeederPool {
  public:
+  // With a heartbeat timeout, a thread of its own drops silent feeders as the Clock passes their
+  // deadlines.
   FeederPool(FeederPoolOptions options, const Clock& clock);
+  ~FeederPool();
 
   // --- reactions (gRPC threads); never block ---
   void Join(const v1::FeederJoinRequest& request, v1::FeederJoinReply* reply)
@@ -87,10 +94,17 @@ class FeederPool {
     std::string address;
     uint64_t joined = 0;                                  // join order
     FeedLink* link = nullptr;                             // null until its stream binds
+    double heard = 0;                                     // when it last sent anything
     std::set<std::pair<uint64_t, uint32_t>> outstanding;  // (step, shard) not released
     v1::FeederStatus status;
   };
   bool LiveLocked(int count) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The silence watch: drops the feeders past their deadline, waits for the next one.
+  void WatchSilence() ABSL_LOCKS_EXCLUDED(mu_);
+  // The bound feeders silent past the timeout as of `now` (their streams closed); `next` is the
+  // next deadline of the others.
+  std::vector<std::string> SilentLocked(double now, double* next)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string PickLocked(const std::pair<uint64_t, uint32_t>& key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -105,6 +119,9 @@ class FeederPool {
   uint64_t released_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t binds_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the watch: a new deadline to keep
+  bool stop_watch_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread watch_;
 };
 
 }  // namespace flashdraft

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/chunk_wire.h"
 
 namespace flashdraft {
@@ -197,6 +199,38 @@ TEST_F(FeederPoolTest, AwaitLiveWaitsOnTheClockForFeeders) {
   // An abort ends a wait with its reason.
   pool_.Abort(absl::CancelledError("stopped"));
   EXPECT_EQ(pool_.AwaitLive(2, clock_.Now() + 60, nullptr).message(), "stopped");
+}
+
+TEST(FeederPoolSilenceTest, AFeederSilentPastTheHeartbeatTimeoutIsLost) {
+  FakeClock clock;
+  FeederPoolOptions o = Options();
+  o.heartbeat_timeout_seconds = 10;
+  FeederPool pool(o, clock);
+  std::vector<std::string> lost;
+  absl::Mutex mu;
+  pool.SetOnLostWork([&](const std::string& why) {
+    absl::MutexLock lock(&mu);
+    lost.push_back(why);
+  });
+  FakeFeedLink link;
+  v1::FeederJoinReply reply;
+  pool.Join(Request("a"), &reply);
+  ASSERT_TRUE(pool.Bind(reply.session_token(), &link).ok());
+  ASSERT_TRUE(pool.Assign(Work(0, 0)).has_value());
+  const auto parked = [&] { return clock.waiting() > 0; };
+  while (!parked()) std::this_thread::yield();
+  clock.Advance(6);
+  pool.OnStatus(reply.session_token(), v1::FeederStatus());  // heard at +6: due at +16
+  clock.Advance(6);                                          // +12
+  while (!parked()) std::this_thread::yield();
+  EXPECT_EQ(pool.live(), 1);
+  clock.Advance(5);  // +17
+  for (int i = 0; i < 10000 && pool.live() > 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(pool.live(), 0);
+  EXPECT_EQ(link.closed, "error");
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_THAT(lost[0], HasSubstr("sent nothing for 10 s (cluster.heartbeat_timeout_seconds)"));
 }
 
 TEST_F(FeederPoolTest, FinishShutsEveryFeederDown) {
