@@ -63,11 +63,26 @@ std::string Duration(double seconds) {
   return absl::StrFormat("%dh%02dm", s / 3600, (s % 3600) / 60);
 }
 
+// The target feeders' rows (docs/ARCHITECTURE.md, "Feeders"), when the job has any.
+void AppendFeeders(const v1::StatusReply& r, std::string& out) {
+  if (r.feeders_size() == 0) return;
+  absl::StrAppendFormat(&out, "  %-24s %-22s %8s %10s %9s %8s\n", "FEEDER", "SERVES AT", "HEARD",
+                        "HELD", "COMPUTED", "PENDING");
+  for (const v1::FeederRow& f : r.feeders()) {
+    absl::StrAppendFormat(
+        &out, "  %-24s %-22s %8s %8.1fMB %9d %8d\n", f.feeder_id(), f.serve_address(),
+        f.seconds_since_heard() < 0 ? "joining" : absl::StrFormat("%.1fs", f.seconds_since_heard()),
+        f.held_bytes() / 1e6, f.shards_computed(), f.shards_pending());
+  }
+}
+
 // The status as a person reads it at a glance.
 std::string FormatStatus(const v1::StatusReply& r) {
+  const std::string state =
+      r.paused_reason().empty() ? r.state() : absl::StrCat(r.state(), ": ", r.paused_reason());
   std::string out =
-      absl::StrFormat("job %s  state %s  step %d/%d  workers %d  epoch %d\n", r.job_name(),
-                      r.state(), r.step(), r.total_steps(), r.world_size(), r.membership_epoch());
+      absl::StrFormat("job %s  state %s  step %d/%d  workers %d  epoch %d\n", r.job_name(), state,
+                      r.step(), r.total_steps(), r.world_size(), r.membership_epoch());
   if (r.step() > 0) {
     absl::StrAppendFormat(&out, "  %.0f%% done",
                           100.0 * r.step() / std::max<uint64_t>(1, r.total_steps()));
@@ -97,6 +112,7 @@ std::string FormatStatus(const v1::StatusReply& r) {
                           w.step_seconds() > 0 ? absl::StrFormat("%.3fs", w.step_seconds()) : "-",
                           w.leaving() ? "  (leaving)" : "");
   }
+  AppendFeeders(r, out);
   return out;
 }
 

@@ -177,6 +177,7 @@ absl::Status Coordinator::SetUpFeeders() {
   feeders_ = std::make_unique<FeederPool>(std::move(o), *clock_);
   // A feeder lost with shards of steps in flight: they are sent again, to the others.
   feeders_->SetOnLostWork([this](const std::string& why) { controller_->RequestReform(why); });
+  feeders_->ReportTo(metrics_.get());
   LOG(INFO) << "target feeders: the job waits for " << j.cluster.min_feeders
             << "; every shard's features are computed by a feeder";
   return absl::OkStatus();
@@ -279,6 +280,7 @@ void Coordinator::FillStatus(v1::StatusReply* reply) const {
   reply->set_last_checkpoint_step(last.completed_steps);
   reply->set_last_checkpoint_age_seconds(last.at < 0 ? -1 : clock_->Now() - last.at);
   controller_->FillWorkers(board_.rank_compute_seconds(), reply);
+  if (feeders_) feeders_->Fill(reply);
 }
 
 }  // namespace flashdraft

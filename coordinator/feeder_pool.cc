@@ -155,6 +155,7 @@ absl::Status FeederPool::Bind(const std::string& token, FeedLink* link) {
   it->second.link = link;
   it->second.heard = clock_.Now();
   ++binds_;
+  ReportLocked();
   if (released_ > 0) {  // a newcomer frees nothing of the past, but knows where the job is
     v1::FeedMessage release;
     release.mutable_release()->set_committed_steps(released_);
@@ -186,21 +187,46 @@ void FeederPool::Lost(const std::string& token, const std::string& why) {
     LOG(WARNING) << "feeder '" << Untrusted(f.id) << "' lost: " << why;
     for (const auto& key : f.outstanding) owner_.erase(key);
     feeders_.erase(it);
+    ReportLocked();
   }
   if (!lost_work.empty() && on_lost_work_) on_lost_work_(lost_work);
 }
 
 int FeederPool::live() const {
   absl::MutexLock lock(&mu_);
+  return CountLiveLocked();
+}
+
+int FeederPool::CountLiveLocked() const {
   int n = 0;
   for (const auto& [token, f] : feeders_) n += f.link != nullptr;
   return n;
 }
 
-bool FeederPool::LiveLocked(int count) const {
-  int n = 0;
-  for (const auto& [token, f] : feeders_) n += f.link != nullptr;
-  return n >= count;
+bool FeederPool::LiveLocked(int count) const { return CountLiveLocked() >= count; }
+
+void FeederPool::ReportLocked() {
+  const int live = CountLiveLocked();
+  if (metrics_ != nullptr) metrics_->SetFeeders(live, std::max(0, awaited_ - live));
+}
+
+void FeederPool::Fill(v1::StatusReply* reply) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<const Feeder*> by_join;
+  for (const auto& [token, f] : feeders_) by_join.push_back(&f);
+  std::sort(by_join.begin(), by_join.end(),
+            [](const Feeder* a, const Feeder* b) { return a->joined < b->joined; });
+  const double now = clock_.Now();
+  for (const Feeder* f : by_join) {
+    v1::FeederRow* row = reply->add_feeders();
+    row->set_feeder_id(f->id);
+    row->set_serve_address(f->address);
+    row->set_seconds_since_heard(f->link != nullptr ? now - f->heard : -1);
+    row->set_held_bytes(f->status.held_bytes());
+    row->set_shards_computed(f->status.shards_computed());
+    row->set_shards_pending(f->status.shards_pending());
+    row->set_shards_outstanding(static_cast<uint32_t>(f->outstanding.size()));
+  }
 }
 
 absl::Status FeederPool::AwaitLive(int count, double deadline,
@@ -215,7 +241,13 @@ absl::Status FeederPool::AwaitLive(int count, double deadline,
   }
   if (!ready && waiting) waiting();  // outside the lock: it logs and sets the job's state
   absl::MutexLock lock(&mu_);
-  if (!ready) clock_.AwaitUntil(mu_, absl::Condition(&done), deadline);
+  if (!ready) {
+    awaited_ = count;
+    ReportLocked();
+    clock_.AwaitUntil(mu_, absl::Condition(&done), deadline);
+    awaited_ = 0;
+    ReportLocked();
+  }
   if (!failure_.ok()) return failure_;
   if (!LiveLocked(count)) {
     return absl::DeadlineExceededError(absl::StrCat("waited cluster.join_timeout_seconds for ",

@@ -24,6 +24,7 @@
 #include "common/clock.h"
 #include "common/numeric_env.h"
 #include "common/target_fingerprint.h"
+#include "coordinator/metrics.h"
 #include "flashdraft/v1/feeder.pb.h"
 
 namespace flashdraft {
@@ -70,6 +71,11 @@ class FeederPool {
   // Called (outside the lock) when a lost feeder held shards of steps not committed yet: they
   // must be sent again.
   void SetOnLostWork(std::function<void(const std::string& why)> on_lost_work);
+  // Live and missing feeders into `metrics` (flashdraft_feeders, flashdraft_feeders_missing);
+  // before the server starts.
+  void ReportTo(CoordinatorMetrics* metrics) { metrics_ = metrics; }
+  // One row per feeder, in join order, for `flashdraft status`.
+  void Fill(v1::StatusReply* reply) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- the step driver ---
   int live() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -99,6 +105,8 @@ class FeederPool {
     v1::FeederStatus status;
   };
   bool LiveLocked(int count) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int CountLiveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReportLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The silence watch: drops the feeders past their deadline, waits for the next one.
   void WatchSilence() ABSL_LOCKS_EXCLUDED(mu_);
   // The bound feeders silent past the timeout as of `now` (their streams closed); `next` is the
@@ -111,6 +119,7 @@ class FeederPool {
   const FeederPoolOptions options_;
   const Clock& clock_;
   std::function<void(const std::string&)> on_lost_work_;
+  CoordinatorMetrics* metrics_ = nullptr;
   mutable absl::Mutex mu_;
   std::map<std::string, Feeder> feeders_ ABSL_GUARDED_BY(mu_);  // by session token
   // Who computes each shard not released yet (a re-sent shard goes back there).
@@ -121,6 +130,7 @@ class FeederPool {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t binds_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the watch: a new deadline to keep
   bool stop_watch_ ABSL_GUARDED_BY(mu_) = false;
+  int awaited_ ABSL_GUARDED_BY(mu_) = 0;  // live feeders a wait needs (0: none waits)
   std::thread watch_;
 };
 

@@ -225,12 +225,53 @@ TEST(FeederPoolSilenceTest, AFeederSilentPastTheHeartbeatTimeoutIsLost) {
   while (!parked()) std::this_thread::yield();
   EXPECT_EQ(pool.live(), 1);
   clock.Advance(5);  // +17
-  for (int i = 0; i < 10000 && pool.live() > 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  // The watch drops it, then calls back (outside the pool's lock).
+  const auto called = [&] {
+    absl::MutexLock lock(&mu);
+    return !lost.empty();
+  };
+  for (int i = 0; i < 30000 && !called(); ++i) absl::SleepFor(absl::Milliseconds(1));
   EXPECT_EQ(pool.live(), 0);
   EXPECT_EQ(link.closed, "error");
   absl::MutexLock lock(&mu);
   ASSERT_EQ(lost.size(), 1u);
   EXPECT_THAT(lost[0], HasSubstr("sent nothing for 10 s (cluster.heartbeat_timeout_seconds)"));
+}
+
+TEST_F(FeederPoolTest, StatusRowsAndMetricsSayWhoFeedsAndWhoIsMissing) {
+  CoordinatorMetrics metrics("gloo", 10, 4);
+  pool_.ReportTo(&metrics);
+  absl::Status waited;
+  std::thread t([&] { waited = pool_.AwaitLive(2, clock_.Now() + 60, nullptr); });
+  while (clock_.waiting() == 0) std::this_thread::yield();
+  EXPECT_THAT(metrics.Text(), HasSubstr("flashdraft_feeders_missing 2\n"));
+  FakeFeedLink a, b;
+  const std::string ta = JoinAndBind("a", &a);
+  EXPECT_THAT(metrics.Text(), HasSubstr("flashdraft_feeders_missing 1\n"));
+  v1::FeederJoinReply joining;
+  pool_.Join(Request("b"), &joining);  // joined, no stream yet
+  v1::FeederStatus status;
+  status.set_held_bytes(2000000);
+  status.set_shards_computed(7);
+  clock_.Advance(3);
+  pool_.OnStatus(ta, status);
+  pool_.Assign(Work(0, 0));
+  clock_.Advance(1);
+  v1::StatusReply reply;
+  pool_.Fill(&reply);
+  ASSERT_EQ(reply.feeders_size(), 2);
+  EXPECT_EQ(reply.feeders(0).feeder_id(), "a");
+  EXPECT_EQ(reply.feeders(0).serve_address(), "a.host:7000");
+  EXPECT_EQ(reply.feeders(0).seconds_since_heard(), 1);
+  EXPECT_EQ(reply.feeders(0).held_bytes(), 2000000u);
+  EXPECT_EQ(reply.feeders(0).shards_computed(), 7u);
+  EXPECT_EQ(reply.feeders(0).shards_outstanding(), 1u);
+  EXPECT_EQ(reply.feeders(1).seconds_since_heard(), -1) << "b has no stream yet";
+  ASSERT_TRUE(pool_.Bind(joining.session_token(), &b).ok());
+  t.join();
+  EXPECT_TRUE(waited.ok()) << waited;
+  EXPECT_THAT(metrics.Text(), HasSubstr("flashdraft_feeders 2\n"));
+  EXPECT_THAT(metrics.Text(), HasSubstr("flashdraft_feeders_missing 0\n"));
 }
 
 TEST_F(FeederPoolTest, FinishShutsEveryFeederDown) {

@@ -44,6 +44,10 @@ CoordinatorMetrics::CoordinatorMetrics(
       &exporter_.Gauge("flashdraft_workers", "Workers by state", {{"state", "waiting"}});
   workers_missing_ = &exporter_.Gauge(
       "flashdraft_workers_missing", "Workers the paused job still waits for (cluster.min_workers)");
+  feeders_live_ = &exporter_.Gauge("flashdraft_feeders", "Target feeders with a live Feed stream");
+  feeders_missing_ = &exporter_.Gauge(
+      "flashdraft_feeders_missing",
+      "Feeders the paused job still waits for (cluster.min_feeders at the start, then one)");
   membership_epoch_ = &exporter_.Gauge("flashdraft_membership_epoch",
                                        "Membership epoch (changes when a worker joins or is lost)");
   worker_failures_ =
@@ -114,6 +118,11 @@ void CoordinatorMetrics::StepsReissued(int64_t steps) {
 void CoordinatorMetrics::RecordRecovery(double seconds) { recovery_seconds_->Observe(seconds); }
 
 void CoordinatorMetrics::SetMissingWorkers(int missing) { workers_missing_->Set(missing); }
+
+void CoordinatorMetrics::SetFeeders(int live, int missing) {
+  feeders_live_->Set(live);
+  feeders_missing_->Set(missing);
+}
 
 void CoordinatorMetrics::WorkerFailed() { worker_failures_->Increment(); }
 

@@ -50,6 +50,8 @@ class CoordinatorMetrics {
   void RecordRecovery(double seconds);
   // Workers still missing for min_workers while the job pauses (0 while it trains).
   void SetMissingWorkers(int missing);
+  // Target feeders: live, and how many more a paused job waits for.
+  void SetFeeders(int live, int missing);
   // A worker of another numeric environment was admitted (cluster.mixed_numerics: admit).
   void SetNumericsMixed(bool mixed);
   void AddStreamBytes(uint64_t bytes);  // Train-stream bytes queued to workers
@@ -75,6 +77,8 @@ class CoordinatorMetrics {
   prometheus::Gauge* workers_training_;
   prometheus::Gauge* workers_waiting_;
   prometheus::Gauge* workers_missing_;
+  prometheus::Gauge* feeders_live_;
+  prometheus::Gauge* feeders_missing_;
   prometheus::Gauge* membership_epoch_;
   prometheus::Counter* worker_failures_;
   prometheus::Counter* steps_reissued_;

@@ -51,6 +51,7 @@ void StatusBoard::Fill(v1::StatusReply* reply) const {
                                          last_record_.step_seconds
                                    : 0.0);
   reply->set_eta_seconds(eta_seconds_);
+  reply->set_paused_reason(paused_reason_);
 }
 
 }  // namespace flashdraft

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -22,6 +24,13 @@ class StatusBoard {
   void SetState(JobState state) {
     absl::MutexLock lock(&mu_);
     state_ = state;
+    paused_reason_.clear();
+  }
+  // Paused, and why ("no feeder").
+  void SetPaused(std::string reason) {
+    absl::MutexLock lock(&mu_);
+    state_ = JobState::kPaused;
+    paused_reason_ = std::move(reason);
   }
   JobState state() const {
     absl::MutexLock lock(&mu_);
@@ -45,6 +54,7 @@ class StatusBoard {
   uint64_t committed_ ABSL_GUARDED_BY(mu_) = 0;  // steps committed
   StepRecord last_record_ ABSL_GUARDED_BY(mu_);
   double eta_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string paused_reason_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace flashdraft

@@ -84,7 +84,7 @@ absl::Status StepDriver::AwaitFeeders(bool* waited) {
                                [this, count, waited] {
                                  *waited = true;
                                  LOG(WARNING) << "paused: waiting for " << count << " feeder(s)";
-                                 if (epoch_ > 0) p_.board->SetState(JobState::kPaused);
+                                 if (epoch_ > 0) p_.board->SetPaused("no feeder");
                                });
 }
 
