@@ -311,7 +311,10 @@ TEST(PrometheusTest, ARealPrometheusScrapesTheJobFromItsTargetFile) {
   CoordinatorProcess coordinator(kBin, job, dir.Join("coordinator.log"));
   ASSERT_GT(coordinator.port(), 0) << *ReadFile(dir.Join("coordinator.log"));
   const std::string targets = dir.Join("out/prometheus/targets.json");
-  ASSERT_TRUE(std::filesystem::exists(targets));
+  // Written by the coordinator's own writer thread once it serves /metrics: it may come just
+  // after the port file (a loaded CI machine saw it 2 s in and not yet there).
+  ASSERT_TRUE(::flashdraft::testing::Eventually([&] { return std::filesystem::exists(targets); }))
+      << *ReadFile(dir.Join("coordinator.log"));
   const std::string config = dir.Join("prometheus.yml");
   ASSERT_TRUE(WriteFileAtomically(config, absl::StrCat("global: {scrape_interval: 1s, "
                                                        "evaluation_interval: 1s}\nrule_files: [",
