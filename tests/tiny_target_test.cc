@@ -223,7 +223,7 @@ eval: {every_steps: 12, prompts: )",
       RunCommand(absl::StrCat(kCli, " launch ", dir.Join("job.yaml"),
                               " --workers 1 --set target.device=cuda --out ", dir.Join("gpu-run")));
   EXPECT_EQ(gpu.exit_code, 1) << gpu.output;
-  EXPECT_THAT(gpu.output, HasSubstr("target.device is cuda, but the coordinator's LibTorch has no "
+  EXPECT_THAT(gpu.output, HasSubstr("target.device is cuda, but this process's LibTorch has no "
                                     "CUDA device"));
 }
 
