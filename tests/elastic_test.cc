@@ -356,7 +356,7 @@ TEST_F(ElasticTest, DrainedAndSigtermedWorkersLeaveAtAStepBoundary) {
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_THAT(bad.output, HasSubstr("no worker has rank 7 in membership epoch 1 (3 worker(s))"));
   auto drained = RunCommand(absl::StrCat(kBin, "/flashdraft status ", address, " --drain 1"));
-  ASSERT_EQ(drained.exit_code, 0) << drained.output;
+  ASSERT_EQ(drained.exit_code, 0) << drained.output << *ReadFile(out + ".log");
   EXPECT_THAT(drained.output, ::testing::ContainsRegex("worker 'worker-.' \\(rank 1\\) leaves "
                                                        "after step"));
   const std::string drained_id = drained.output.substr(drained.output.find("worker-"), 8);

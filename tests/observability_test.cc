@@ -19,6 +19,8 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/file_util.h"
@@ -67,7 +69,15 @@ TEST(PrometheusTest, AlertRulesPassPromtoolAndTheirUnitTests) {
   const std::string dir = kSource + "/deploy/prometheus";
   auto check = RunCommand(absl::StrCat("cd ", dir, " && ", kPromtool, " check rules alerts.yml"));
   EXPECT_EQ(check.exit_code, 0) << check.output;
-  EXPECT_THAT(check.output, HasSubstr("SUCCESS: 9 rules found"));
+  // Every rule in the file is read (none lost to a YAML slip).
+  const auto rules = ReadFile(dir + "/alerts.yml");
+  ASSERT_TRUE(rules.ok());
+  int alerts = 0;
+  for (absl::string_view line : absl::StrSplit(*rules, '\n')) {
+    alerts += absl::StartsWith(absl::StripLeadingAsciiWhitespace(line), "- alert:") ? 1 : 0;
+  }
+  EXPECT_GE(alerts, 10);
+  EXPECT_THAT(check.output, HasSubstr(absl::StrCat("SUCCESS: ", alerts, " rules found")));
   auto test =
       RunCommand(absl::StrCat("cd ", dir, " && ", kPromtool, " test rules alerts_test.yml"));
   EXPECT_EQ(test.exit_code, 0) << test.output;
@@ -133,7 +143,8 @@ TEST(PrometheusTest, LiveScrapesOfTheCoordinatorAndAWorkerPassPromtoolCheckMetri
   EXPECT_GT(Sample(text, "process_resident_memory_bytes"), 0);
   EXPECT_THAT(worker_text, HasSubstr("flashdraft_build_info{backend=\"gloo\""));
 
-  // The Grafana dashboard asks only for metrics this scrape has (no list in the test to go stale).
+  // The Grafana dashboard asks only for metrics this scrape has (no list in the test to go stale);
+  // a feeder's (flashdraft_feeder_*) are checked against a feeder's scrape in feeder_test.cc.
   std::set<std::string> exported;
   for (absl::string_view line : absl::StrSplit(text + worker_text, '\n')) {
     if (line.empty() || line[0] == '#') continue;
@@ -160,6 +171,7 @@ TEST(PrometheusTest, LiveScrapesOfTheCoordinatorAndAWorkerPassPromtoolCheckMetri
     const std::string names_only = std::regex_replace(query, selector, "");
     for (std::sregex_iterator it(names_only.begin(), names_only.end(), metric), end; it != end;
          ++it) {
+      if (absl::StartsWith(it->str(), "flashdraft_feeder_")) continue;
       ++names;
       EXPECT_TRUE(exported.count(it->str()))
           << it->str() << " (in `" << query << "`) is not in a live scrape";
