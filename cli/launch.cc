@@ -160,8 +160,8 @@ absl::StatusOr<std::vector<std::string>> WorkerSecurityArgs(const JobConfig& job
   return args;
 }
 
-// Each worker's /metrics port goes where a person finds it (targets.json lists them for
-// Prometheus).
+// Each worker's and feeder's /metrics port goes where a person finds it (targets.json lists them
+// for Prometheus).
 bool WorkerMetrics(const JobConfig& job) {
   return job.metrics.enabled && !job.metrics.worker_listen.empty();
 }
@@ -243,6 +243,10 @@ std::vector<std::string> FeederArgv(const JobConfig& job, const std::string& fee
   if (!job.security.tls_cert.empty()) {
     argv.insert(argv.end(), {"--serve-tls-cert", job.security.tls_cert, "--serve-tls-key",
                              job.security.tls_key});
+  }
+  if (WorkerMetrics(job)) {  // metrics.worker_listen serves the feeders' too
+    argv.push_back("--metrics-port-file");
+    argv.push_back(absl::StrCat(job.output_dir, "/metrics/feeder-", index, ".port"));
   }
   return argv;
 }

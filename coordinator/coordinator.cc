@@ -167,19 +167,14 @@ std::unique_ptr<NumericsGroup> Coordinator::SetUpNumerics() {
 }
 
 absl::Status Coordinator::SetUpFeeders() {
-  const JobConfig& j = job_;
-  FeederPoolOptions o;
-  FD_ASSIGN_OR_RETURN(o.target, FingerprintTarget(j.target.path));
-  o.numerics = own_numerics_;
-  o.on_gpu = j.target.device == "cuda";
-  o.heartbeat_timeout_seconds = j.cluster.heartbeat_timeout_seconds;
-  o.job_config_yaml = JobConfigToYaml(j);
-  feeders_ = std::make_unique<FeederPool>(std::move(o), *clock_);
+  FD_ASSIGN_OR_RETURN(feeders_, FeederPool::ForJob(job_, own_numerics_, *clock_));
   // A feeder lost with shards of steps in flight: they are sent again, to the others.
   feeders_->SetOnLostWork([this](const std::string& why) { controller_->RequestReform(why); });
   feeders_->ReportTo(metrics_.get());
-  LOG(INFO) << "target feeders: the job waits for " << j.cluster.min_feeders
-            << "; every shard's features are computed by a feeder";
+  // Their /metrics in targets.json. Lock order: the controller, then the pool.
+  FeederPool* pool = feeders_.get();
+  controller_->AddScrapeTargets([pool] { return pool->ScrapeTargets(); });
+  feeders_->SetOnScrapeTargetsChanged([this] { controller_->RefreshScrapeTargets(); });
   return absl::OkStatus();
 }
 

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/chunk_wire.h"
-#include "common/grpc_refusal.h"
+#include "common/grpc_reactors.h"
 #include "common/grpc_status.h"
 #include "common/queued_writer.h"
 #include "flashdraft/v1/feeder.grpc.pb.h"

@@ -5,10 +5,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/chunk_wire.h"
 #include "common/random_token.h"
 #include "common/security.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
 
 namespace flashdraft {
@@ -72,15 +74,32 @@ FeederPool::~FeederPool() {
   if (watch_.joinable()) watch_.join();
 }
 
+absl::StatusOr<std::unique_ptr<FeederPool>> FeederPool::ForJob(const JobConfig& job,
+                                                               const NumericEnv& numerics,
+                                                               const Clock& clock) {
+  FeederPoolOptions o;
+  FD_ASSIGN_OR_RETURN(o.target, FingerprintTarget(job.target.path));
+  o.numerics = numerics;
+  o.on_gpu = job.target.device == "cuda";
+  o.heartbeat_timeout_seconds = job.cluster.heartbeat_timeout_seconds;
+  o.stall_timeout_seconds = job.cluster.stall_timeout_seconds;
+  o.job_config_yaml = JobConfigToYaml(job);
+  LOG(INFO) << "target feeders: the job waits for " << job.cluster.min_feeders
+            << "; every shard's features are computed by a feeder";
+  return std::make_unique<FeederPool>(std::move(o), clock);
+}
+
 std::vector<std::string> FeederPool::SilentLocked(double now, double* next) {
   std::vector<std::string> silent;
   *next = std::numeric_limits<double>::infinity();
   for (auto& [token, f] : feeders_) {
-    if (f.link == nullptr) continue;
+    // A feeder that joined and never opened its Feed stream counts from its join.
     const double due = f.heard + options_.heartbeat_timeout_seconds;
     if (now >= due) {
       silent.push_back(token);
-      f.link->Close(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "silent feeder"));
+      if (f.link != nullptr) {
+        f.link->Close(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "silent feeder"));
+      }
     } else {
       *next = std::min(*next, due);
     }
@@ -98,9 +117,9 @@ void FeederPool::WatchSilence() {
       double next = 0;
       silent = SilentLocked(clock_.Now(), &next);
       if (silent.empty()) {
-        const uint64_t binds = binds_;
-        auto wake = [this, binds]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stop_watch_ || binds_ != binds;
+        const uint64_t arrivals = arrivals_;
+        auto wake = [this, arrivals]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_watch_ || arrivals_ != arrivals;
         };
         clock_.AwaitUntil(mu_, absl::Condition(&wake), next);
         if (stop_watch_) return;
@@ -139,6 +158,8 @@ void FeederPool::Join(const v1::FeederJoinRequest& request, v1::FeederJoinReply*
   f.id = request.feeder_id();
   f.address = request.serve_address();
   f.joined = ++joins_;
+  f.heard = clock_.Now();
+  ++arrivals_;  // a new deadline for the watch
   reply->set_accepted(true);
   reply->set_session_token(token);
   reply->set_job_config_yaml(options_.job_config_yaml);
@@ -154,7 +175,7 @@ absl::Status FeederPool::Bind(const std::string& token, FeedLink* link) {
   if (finished_) return absl::FailedPreconditionError("the job is over");
   it->second.link = link;
   it->second.heard = clock_.Now();
-  ++binds_;
+  ++arrivals_;
   ReportLocked();
   if (released_ > 0) {  // a newcomer frees nothing of the past, but knows where the job is
     v1::FeedMessage release;
@@ -166,15 +187,36 @@ absl::Status FeederPool::Bind(const std::string& token, FeedLink* link) {
 }
 
 void FeederPool::OnStatus(const std::string& token, const v1::FeederStatus& status) {
-  absl::MutexLock lock(&mu_);
-  auto it = feeders_.find(token);
-  if (it == feeders_.end()) return;
-  it->second.status = status;
-  it->second.heard = clock_.Now();
+  bool targets_changed = false;
+  std::string stuck;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = feeders_.find(token);
+    if (it == feeders_.end()) return;
+    Feeder& f = it->second;
+    f.status = status;
+    f.heard = clock_.Now();
+    if (options_.stall_timeout_seconds > 0 &&
+        status.computing_seconds() >= options_.stall_timeout_seconds && f.link != nullptr) {
+      stuck = absl::StrFormat(
+          "a shard's computation has run for %.0f s (cluster.stall_timeout_seconds)",
+          status.computing_seconds());
+      f.link->Close(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, stuck));
+    }
+    // In its first status only; a host:port (Prometheus is told to scrape it, as is).
+    if (!status.metrics_address().empty() && f.metrics_address.empty() &&
+        status.metrics_address().size() <= 256) {
+      f.metrics_address = status.metrics_address();
+      targets_changed = true;
+    }
+  }
+  if (targets_changed && on_targets_changed_) on_targets_changed_();
+  if (!stuck.empty()) Lost(token, stuck);
 }
 
 void FeederPool::Lost(const std::string& token, const std::string& why) {
   std::string lost_work;
+  bool targets_changed = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = feeders_.find(token);
@@ -185,10 +227,12 @@ void FeederPool::Lost(const std::string& token, const std::string& why) {
                                f.outstanding.size(), " shard(s) of uncommitted steps");
     }
     LOG(WARNING) << "feeder '" << Untrusted(f.id) << "' lost: " << why;
+    targets_changed = !f.metrics_address.empty();
     for (const auto& key : f.outstanding) owner_.erase(key);
     feeders_.erase(it);
     ReportLocked();
   }
+  if (targets_changed && on_targets_changed_) on_targets_changed_();
   if (!lost_work.empty() && on_lost_work_) on_lost_work_(lost_work);
 }
 
@@ -210,14 +254,33 @@ void FeederPool::ReportLocked() {
   if (metrics_ != nullptr) metrics_->SetFeeders(live, std::max(0, awaited_ - live));
 }
 
-void FeederPool::Fill(v1::StatusReply* reply) const {
-  absl::MutexLock lock(&mu_);
+std::vector<const FeederPool::Feeder*> FeederPool::ByJoinLocked() const {
   std::vector<const Feeder*> by_join;
   for (const auto& [token, f] : feeders_) by_join.push_back(&f);
   std::sort(by_join.begin(), by_join.end(),
             [](const Feeder* a, const Feeder* b) { return a->joined < b->joined; });
+  return by_join;
+}
+
+std::vector<ScrapeTarget> FeederPool::ScrapeTargets() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<ScrapeTarget> targets;
+  for (const Feeder* f : ByJoinLocked()) {
+    if (f->link != nullptr && !f->metrics_address.empty()) {
+      targets.push_back({f->metrics_address, "feeder", f->id});
+    }
+  }
+  return targets;
+}
+
+void FeederPool::SetOnScrapeTargetsChanged(std::function<void()> changed) {
+  on_targets_changed_ = std::move(changed);
+}
+
+void FeederPool::Fill(v1::StatusReply* reply) const {
+  absl::MutexLock lock(&mu_);
   const double now = clock_.Now();
-  for (const Feeder* f : by_join) {
+  for (const Feeder* f : ByJoinLocked()) {
     v1::FeederRow* row = reply->add_feeders();
     row->set_feeder_id(f->id);
     row->set_serve_address(f->address);

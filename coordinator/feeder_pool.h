@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -20,11 +21,14 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/job_config.h"
 #include "common/numeric_env.h"
 #include "common/target_fingerprint.h"
 #include "coordinator/metrics.h"
+#include "coordinator/scrape_targets.h"
 #include "flashdraft/v1/feeder.pb.h"
 
 namespace flashdraft {
@@ -46,6 +50,9 @@ struct FeederPoolOptions {
   // A live feeder that sends nothing (its status comes every heartbeat interval) this long is
   // lost, its stream closed (cluster.heartbeat_timeout_seconds; 0: never).
   double heartbeat_timeout_seconds = 0;
+  // A feeder whose status says one shard's computation has run this long is lost too, its
+  // stream closed: a stuck compute thread (cluster.stall_timeout_seconds; 0: never).
+  double stall_timeout_seconds = 0;
   std::string job_config_yaml;  // FeederJoinReply
 };
 
@@ -54,10 +61,15 @@ std::string FeederRefusal(const v1::FeederJoinRequest& request, const FeederPool
 
 class FeederPool {
  public:
-  // With a heartbeat timeout, a thread of its own drops silent feeders as the Clock passes their
-  // deadlines.
+  // With a heartbeat timeout, a thread of its own drops silent feeders (and joined ones that never
+  // open their Feed stream) as the Clock passes their deadlines.
   FeederPool(FeederPoolOptions options, const Clock& clock);
   ~FeederPool();
+  // The pool of `job` (cluster.min_feeders > 0), whose feeders must compute the bits of a process
+  // with `numerics`: the target's fingerprint read from target.path.
+  static absl::StatusOr<std::unique_ptr<FeederPool>> ForJob(const JobConfig& job,
+                                                            const NumericEnv& numerics,
+                                                            const Clock& clock);
 
   // --- reactions (gRPC threads); never block ---
   void Join(const v1::FeederJoinRequest& request, v1::FeederJoinReply* reply)
@@ -65,6 +77,7 @@ class FeederPool {
   // The first message of a Feed stream: NOT_FOUND for an unknown token, ALREADY_EXISTS when it
   // has a stream. The feeder is live from here until Lost.
   absl::Status Bind(const std::string& token, FeedLink* link) ABSL_LOCKS_EXCLUDED(mu_);
+  // Its status; a stuck computation (stall_timeout_seconds) makes it Lost.
   void OnStatus(const std::string& token, const v1::FeederStatus& status) ABSL_LOCKS_EXCLUDED(mu_);
   // Its stream ended or it reported an error: its link is forgotten before this returns.
   void Lost(const std::string& token, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
@@ -74,6 +87,10 @@ class FeederPool {
   // Live and missing feeders into `metrics` (flashdraft_feeders, flashdraft_feeders_missing);
   // before the server starts.
   void ReportTo(CoordinatorMetrics* metrics) { metrics_ = metrics; }
+  // The /metrics of the bound feeders that serve one (role "feeder", their ids), in join order.
+  std::vector<ScrapeTarget> ScrapeTargets() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Called (outside the lock) when ScrapeTargets may have changed.
+  void SetOnScrapeTargetsChanged(std::function<void()> changed);
   // One row per feeder, in join order, for `flashdraft status`.
   void Fill(v1::StatusReply* reply) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -98,19 +115,21 @@ class FeederPool {
   struct Feeder {
     std::string id;
     std::string address;
-    uint64_t joined = 0;                                  // join order
-    FeedLink* link = nullptr;                             // null until its stream binds
-    double heard = 0;                                     // when it last sent anything
+    uint64_t joined = 0;       // join order
+    FeedLink* link = nullptr;  // null until its stream binds
+    double heard = 0;          // when it joined, bound or last sent anything
     std::set<std::pair<uint64_t, uint32_t>> outstanding;  // (step, shard) not released
     v1::FeederStatus status;
+    std::string metrics_address;  // from its first status; empty: none
   };
   bool LiveLocked(int count) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<const Feeder*> ByJoinLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int CountLiveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReportLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The silence watch: drops the feeders past their deadline, waits for the next one.
   void WatchSilence() ABSL_LOCKS_EXCLUDED(mu_);
-  // The bound feeders silent past the timeout as of `now` (their streams closed); `next` is the
-  // next deadline of the others.
+  // The feeders silent past the timeout as of `now` (since their join when they never bound; the
+  // streams of bound ones closed); `next` is the next deadline of the others.
   std::vector<std::string> SilentLocked(double now, double* next)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string PickLocked(const std::pair<uint64_t, uint32_t>& key) const
@@ -119,6 +138,7 @@ class FeederPool {
   const FeederPoolOptions options_;
   const Clock& clock_;
   std::function<void(const std::string&)> on_lost_work_;
+  std::function<void()> on_targets_changed_;
   CoordinatorMetrics* metrics_ = nullptr;
   mutable absl::Mutex mu_;
   std::map<std::string, Feeder> feeders_ ABSL_GUARDED_BY(mu_);  // by session token
@@ -128,7 +148,7 @@ class FeederPool {
   uint64_t released_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t binds_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the watch: a new deadline to keep
+  uint64_t arrivals_ ABSL_GUARDED_BY(mu_) = 0;  // joins and binds: a new deadline for the watch
   bool stop_watch_ ABSL_GUARDED_BY(mu_) = false;
   int awaited_ ABSL_GUARDED_BY(mu_) = 0;  // live feeders a wait needs (0: none waits)
   std::thread watch_;

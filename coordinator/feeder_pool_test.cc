@@ -238,6 +238,59 @@ TEST(FeederPoolSilenceTest, AFeederSilentPastTheHeartbeatTimeoutIsLost) {
   EXPECT_THAT(lost[0], HasSubstr("sent nothing for 10 s (cluster.heartbeat_timeout_seconds)"));
 }
 
+// A feeder whose status says a computation has run past the stall timeout (a stuck compute
+// thread, its status thread alive) is lost, its stream closed, its work asked for again.
+TEST(FeederPoolSilenceTest, AFeederStuckInAComputationIsLost) {
+  FakeClock clock;
+  FeederPoolOptions o = Options();
+  o.stall_timeout_seconds = 300;
+  FeederPool pool(o, clock);
+  std::vector<std::string> lost;
+  pool.SetOnLostWork([&](const std::string& why) { lost.push_back(why); });
+  FakeFeedLink link;
+  v1::FeederJoinReply reply;
+  pool.Join(Request("a"), &reply);
+  ASSERT_TRUE(pool.Bind(reply.session_token(), &link).ok());
+  ASSERT_TRUE(pool.Assign(Work(0, 0)).has_value());
+  v1::FeederStatus status;
+  status.set_computing_seconds(299);
+  pool.OnStatus(reply.session_token(), status);
+  EXPECT_EQ(pool.live(), 1);
+  status.set_computing_seconds(301);
+  pool.OnStatus(reply.session_token(), status);
+  EXPECT_EQ(pool.live(), 0);
+  EXPECT_EQ(link.closed, "error");
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_THAT(lost[0], HasSubstr("a shard's computation has run for 301 s "
+                                 "(cluster.stall_timeout_seconds)"));
+}
+
+// A feeder that joins and never opens its Feed stream (it crashed in between, a network cut) is
+// dropped once the heartbeat timeout has passed since its join: it leaves the status rows.
+TEST(FeederPoolSilenceTest, AFeederThatNeverOpensItsStreamIsDroppedAfterTheTimeout) {
+  FakeClock clock;
+  FeederPoolOptions o = Options();
+  o.heartbeat_timeout_seconds = 10;
+  FeederPool pool(o, clock);
+  v1::FeederJoinReply reply;
+  pool.Join(Request("a"), &reply);
+  ASSERT_TRUE(reply.accepted());
+  const auto rows = [&] {
+    v1::StatusReply status;
+    pool.Fill(&status);
+    return status.feeders_size();
+  };
+  while (clock.waiting() == 0) std::this_thread::yield();
+  clock.Advance(9);
+  while (clock.waiting() == 0) std::this_thread::yield();
+  EXPECT_EQ(rows(), 1);
+  clock.Advance(2);
+  for (int i = 0; i < 30000 && rows() > 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(rows(), 0);
+  FakeFeedLink link;
+  EXPECT_TRUE(absl::IsNotFound(pool.Bind(reply.session_token(), &link))) << "too late";
+}
+
 TEST_F(FeederPoolTest, StatusRowsAndMetricsSayWhoFeedsAndWhoIsMissing) {
   CoordinatorMetrics metrics("gloo", 10, 4);
   pool_.ReportTo(&metrics);
@@ -272,6 +325,33 @@ TEST_F(FeederPoolTest, StatusRowsAndMetricsSayWhoFeedsAndWhoIsMissing) {
   EXPECT_TRUE(waited.ok()) << waited;
   EXPECT_THAT(metrics.Text(), HasSubstr("flashdraft_feeders 2\n"));
   EXPECT_THAT(metrics.Text(), HasSubstr("flashdraft_feeders_missing 0\n"));
+}
+
+// A feeder's /metrics (from its first status) is a scrape target while it is in the job; each
+// change is told, the later statuses (without the address) change nothing.
+TEST_F(FeederPoolTest, FeedersThatServeMetricsAreScrapeTargetsWhileInTheJob) {
+  int changes = 0;
+  pool_.SetOnScrapeTargetsChanged([&] { ++changes; });
+  FakeFeedLink a, b;
+  const std::string ta = JoinAndBind("a", &a);
+  const std::string tb = JoinAndBind("b", &b);
+  EXPECT_TRUE(pool_.ScrapeTargets().empty());
+  v1::FeederStatus first;
+  first.set_metrics_address("b.host:9500");
+  pool_.OnStatus(tb, first);
+  pool_.OnStatus(ta, v1::FeederStatus());  // a serves none
+  pool_.OnStatus(tb, v1::FeederStatus());
+  EXPECT_EQ(changes, 1);
+  std::vector<ScrapeTarget> targets = pool_.ScrapeTargets();
+  ASSERT_EQ(targets.size(), 1u);
+  EXPECT_EQ(targets[0].address, "b.host:9500");
+  EXPECT_EQ(targets[0].role, "feeder");
+  EXPECT_EQ(targets[0].id, "b");
+  pool_.Lost(ta, "gone");
+  EXPECT_EQ(changes, 1) << "a was no target";
+  pool_.Lost(tb, "gone");
+  EXPECT_EQ(changes, 2);
+  EXPECT_TRUE(pool_.ScrapeTargets().empty());
 }
 
 TEST_F(FeederPoolTest, FinishShutsEveryFeederDown) {

@@ -320,6 +320,16 @@ void MembershipController::PublishScrapeTargets(std::string address,
   PostScrapeTargetsLocked();
 }
 
+void MembershipController::AddScrapeTargets(std::function<std::vector<ScrapeTarget>()> more) {
+  absl::MutexLock lock(&mu_);
+  more_scrape_targets_ = std::move(more);
+}
+
+void MembershipController::RefreshScrapeTargets() {
+  absl::MutexLock lock(&mu_);
+  PostScrapeTargetsLocked();
+}
+
 void MembershipController::PostScrapeTargetsLocked() {
   if (metrics_address_.empty() || !scrape_writer_) return;
   std::vector<ScrapeTarget> targets = {{metrics_address_, "coordinator", ""}};
@@ -328,6 +338,9 @@ void MembershipController::PostScrapeTargetsLocked() {
             [](const MemberInfo& a, const MemberInfo& b) { return a.worker_id < b.worker_id; });
   for (const MemberInfo& m : members) {
     if (!m.metrics_address.empty()) targets.push_back({m.metrics_address, "worker", m.worker_id});
+  }
+  if (more_scrape_targets_) {
+    for (ScrapeTarget& t : more_scrape_targets_()) targets.push_back(std::move(t));
   }
   std::string json = ScrapeTargetsJson(options_.job_name, targets);
   if (json == scrape_targets_) return;

@@ -31,6 +31,7 @@
 #include "coordinator/membership.h"
 #include "coordinator/metrics.h"
 #include "coordinator/numerics_group.h"
+#include "coordinator/scrape_targets.h"
 #include "coordinator/step_ledger.h"
 #include "coordinator/worker_channels.h"
 #include "flashdraft/v1/coordinator.pb.h"
@@ -118,6 +119,11 @@ class MembershipController {
   // The coordinator serves /metrics at `address`: targets.json lists it and every worker that
   // serves its own, written by `writer`.
   void PublishScrapeTargets(std::string address, std::unique_ptr<LatestFileWriter> writer);
+  // Further processes that serve /metrics (the feeders), asked each time the file is written.
+  // `more` runs under this controller's lock: it must not call back into it.
+  void AddScrapeTargets(std::function<std::vector<ScrapeTarget>()> more);
+  // Writes the file again if its content changed (a feeder's /metrics came or went).
+  void RefreshScrapeTargets() ABSL_LOCKS_EXCLUDED(mu_);
   // Membership epoch, world size and one row per worker (its last step's compute seconds from
   // `rank_compute_seconds`).
   void FillWorkers(const std::vector<double>& rank_compute_seconds, v1::StatusReply* reply) const;
@@ -203,6 +209,7 @@ class MembershipController {
   std::string metrics_address_ ABSL_GUARDED_BY(mu_);
   std::string scrape_targets_ ABSL_GUARDED_BY(mu_);  // what was last posted
   std::unique_ptr<LatestFileWriter> scrape_writer_ ABSL_GUARDED_BY(mu_);
+  std::function<std::vector<ScrapeTarget>()> more_scrape_targets_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace flashdraft

@@ -9,7 +9,7 @@ std::string ScrapeTargetsJson(const std::string& job_name,
   nlohmann::json groups = nlohmann::json::array();
   for (const ScrapeTarget& t : targets) {
     nlohmann::json labels = {{"flashdraft_job", job_name}, {"role", t.role}};
-    if (!t.worker_id.empty()) labels["worker"] = t.worker_id;
+    if (!t.id.empty()) labels[t.role] = t.id;
     groups.push_back({{"targets", {t.address}}, {"labels", labels}});
   }
   return groups.dump(2) + "\n";

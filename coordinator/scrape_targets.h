@@ -11,8 +11,8 @@ namespace flashdraft {
 
 struct ScrapeTarget {
   std::string address;  // host:port Prometheus scrapes
-  std::string role;     // "coordinator" | "worker"
-  std::string worker_id;
+  std::string role;     // "coordinator" | "worker" | "feeder"
+  std::string id;       // a worker's or feeder's id: the label named after its role
 };
 
 // The file's JSON text.

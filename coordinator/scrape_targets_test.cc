@@ -12,13 +12,17 @@ namespace flashdraft {
 namespace {
 
 TEST(ScrapeTargetsTest, OneLabelledGroupPerProcess) {
-  const nlohmann::json groups = nlohmann::json::parse(ScrapeTargetsJson(
-      "demo", {{"10.0.0.5:9400", "coordinator", ""}, {"10.0.0.6:9401", "worker", "gpu0"}}));
-  ASSERT_EQ(groups.size(), 2u);
+  const nlohmann::json groups =
+      nlohmann::json::parse(ScrapeTargetsJson("demo", {{"10.0.0.5:9400", "coordinator", ""},
+                                                       {"10.0.0.6:9401", "worker", "gpu0"},
+                                                       {"10.0.0.7:9402", "feeder", "f0"}}));
+  ASSERT_EQ(groups.size(), 3u);
   EXPECT_EQ(groups[0]["targets"], nlohmann::json::array({"10.0.0.5:9400"}));
   EXPECT_EQ(groups[0]["labels"],
             (nlohmann::json{{"flashdraft_job", "demo"}, {"role", "coordinator"}}));
   EXPECT_EQ(groups[1]["labels"]["worker"], "gpu0");
+  EXPECT_EQ(groups[2]["labels"],
+            (nlohmann::json{{"flashdraft_job", "demo"}, {"role", "feeder"}, {"feeder", "f0"}}));
   EXPECT_EQ(ScrapeTargetsJson("demo", {}), "[]\n");
 }
 

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/chunk_wire.h"
-#include "common/grpc_refusal.h"
+#include "common/grpc_reactors.h"
 #include "common/grpc_status.h"
 #include "common/tensor_codec.h"
 #include "flashdraft/v1/coordinator.grpc.pb.h"
@@ -13,23 +13,15 @@ namespace {
 // FetchTensors: tensors of mapped safetensors files (the frozen target tensors, the drafter's
 // starting weights) as chunks, one write in flight, each chunk encoded right before its write as a
 // slice of the mapped file (no copy).
-class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+class FetchReactor : public SequentialWriteReactor {
  public:
   FetchReactor(std::vector<FetchEntry> entries, size_t max_chunk_bytes)
       : entries_(std::move(entries)), max_chunk_bytes_(max_chunk_bytes) {
-    Next();
+    WriteNext();
   }
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
-      return;
-    }
-    Next();
-  }
-  void OnDone() override { delete this; }
 
  private:
-  void Next() {
+  void WriteNext() override {
     while (true) {
       // An empty tensor still sends its one (empty) chunk: num_chunks is at least 1.
       if (tensor_ >= 0 && next_index_ < header_.num_chunks()) {

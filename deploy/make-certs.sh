@@ -4,26 +4,34 @@
 #   coordinator.pem / .key     the coordinator's certificate (server), for the names and IPs given
 #   worker.pem / worker.key    a client certificate for workers and `flashdraft status` (mutual TLS)
 #   token                      the job secret (64 hex characters, mode 600)
+#   feeder-HOST.pem / .key     with --feeder HOST: a target feeder's certificate, both a client (to
+#                              the coordinator) and the server workers fetch shards from, for HOST
+#                              (a DNS name or an IP) and localhost/127.0.0.1
 # Usage: deploy/make-certs.sh OUT_DIR [--name DNS_NAME]... [--ip IP]... [--days N]
 #        [--client NAME]...   (more client certificates: NAME.pem / NAME.key, signed by the same CA)
+#        [--feeder HOST]...
 # localhost and 127.0.0.1 are always in the coordinator's certificate (flashdraft launch connects
 # its workers there). Existing files are kept: run it again to add a client; delete the directory
 # to start over. docs/SECURITY.md says how to use and rotate them.
 set -euo pipefail
 
-usage() { sed -n '2,12p' "$0" >&2; exit 2; }
+usage() { sed -n '2,16p' "$0" >&2; exit 2; }
 [[ $# -ge 1 ]] || usage
 out=$1
 shift
 names=(localhost)
 ips=(127.0.0.1)
 clients=(worker)
+feeders=()
 days=365
 while [[ $# -gt 0 ]]; do
   case $1 in
     --name) names+=("$2"); shift 2 ;;
     --ip) ips+=("$2"); shift 2 ;;
     --client) clients+=("$2"); shift 2 ;;
+    --feeder)
+      [[ $2 =~ ^[A-Za-z0-9.:-]+$ ]] || { echo "make-certs: --feeder '$2' is not a host name or IP" >&2; exit 2; }
+      feeders+=("$2"); shift 2 ;;
     --days) days=$2; shift 2 ;;
     *) echo "make-certs: unknown argument '$1'" >&2; usage ;;
   esac
@@ -69,6 +77,15 @@ for c in "${clients[@]}"; do
     "basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
+done
+
+for f in "${feeders[@]}"; do
+  if [[ $f =~ ^[0-9.]+$ || $f == *:* ]]; then host="IP:$f"; else host="DNS:$f"; fi
+  sign "feeder-$f" "/CN=flashdraft-feeder-$f" \
+    "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth,clientAuth
+subjectAltName=$host,DNS:localhost,IP:127.0.0.1"
 done
 
 if [[ ! -f token ]]; then

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <memory>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/call_retry.h"
 #include "common/clock.h"
 #include "common/cuda_util.h"
 #include "common/file_util.h"
@@ -20,6 +22,7 @@
 #include "common/status_macros.h"
 #include "common/target_fingerprint.h"
 #include "coordinator/sources/target_features.h"
+#include "feeder/feeder_metrics.h"
 #include "feeder/feeder_service.h"
 #include "feeder/shard_builder.h"
 #include "feeder/shard_store.h"
@@ -43,6 +46,7 @@ class FeederProcess {
   absl::Status Run() {
     FD_RETURN_IF_ERROR(Serve());
     FD_RETURN_IF_ERROR(JoinJob());
+    FD_RETURN_IF_ERROR(ServeMetrics());
     FD_RETURN_IF_ERROR(OpenTarget());
     const absl::Status result = Feed();
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -54,6 +58,8 @@ class FeederProcess {
 
   absl::Status Serve();
   absl::Status JoinJob();
+  // The /metrics the job (or --metrics-listen) asks for, once the job is known.
+  absl::Status ServeMetrics();
   absl::Status OpenTarget();
   absl::Status Feed();
   // The Feed stream's messages until a Shutdown (OK), the stream's end or a bad assignment.
@@ -65,8 +71,13 @@ class FeederProcess {
 
   const FeederOptions& o_;
   TargetFingerprintValue fingerprint_;
+  std::string gpu_;  // GPU 0's name; empty: none
+  NumericEnv numerics_;
   std::unique_ptr<ServerSecurity> server_security_;
   std::unique_ptr<ShardStore> store_;
+  // Made before the service (which counts the bytes it sends); it serves once the job is known.
+  std::unique_ptr<FeederMetrics> metrics_;
+  std::string metrics_address_;  // where Prometheus reaches it; empty: not served
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string advertise_;
@@ -78,6 +89,9 @@ class FeederProcess {
   grpc::ClientContext feed_ctx_;
   std::unique_ptr<FeedStream> stream_;
   absl::Mutex write_mu_;  // one writer at a time on stream_
+  absl::Mutex computing_mu_;
+  // When each computation in progress started (one per busy compute thread).
+  std::multiset<double> computing_ ABSL_GUARDED_BY(computing_mu_);
   absl::Mutex stop_mu_;
   bool stop_ ABSL_GUARDED_BY(stop_mu_) = false;
   absl::Status compute_error_ ABSL_GUARDED_BY(stop_mu_);
@@ -99,7 +113,13 @@ absl::Status FeederProcess::Serve() {
   serve.token_file = o_.security.token_file;
   FD_ASSIGN_OR_RETURN(server_security_, ServerSecurity::Create(serve, RealClock::Get()));
   store_ = std::make_unique<ShardStore>(o_.max_bytes);
-  service_ = NewFeederService(*store_, *server_security_);
+  // Its GPU's name whether or not the job runs the target there: the coordinator, which knows
+  // target.device, compares it with its own.
+  gpu_ = CudaDeviceCount() > 0 ? CudaDeviceName(0) : "";
+  numerics_ = ProbeNumericEnv(gpu_);
+  metrics_ =
+      std::make_unique<FeederMetrics>(gpu_.empty() ? "cpu" : "cuda", NumericEnvLabels(numerics_));
+  service_ = NewFeederService(*store_, *server_security_, metrics_.get());
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(o_.listen, server_security_->credentials(), &port);
@@ -111,6 +131,8 @@ absl::Status FeederProcess::Serve() {
   advertise_ = o_.advertise;
   if (advertise_.empty()) {
     advertise_ = ScrapeAddress(o_.listen, port, LocalAddressToward(o_.coordinator).value_or(""));
+  } else if (advertise_.find(':') == std::string::npos) {  // a host: with the bound port
+    advertise_ = absl::StrCat(advertise_, ":", port);
   }
   if (!o_.port_file.empty()) {
     FD_RETURN_IF_ERROR(WriteFileAtomically(o_.port_file, absl::StrCat(port, "\n")));
@@ -128,29 +150,20 @@ absl::Status FeederProcess::JoinJob() {
   join.set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
   join.set_feeder_id(o_.feeder_id.empty() ? absl::StrCat(HostName(), ":", getpid()) : o_.feeder_id);
   join.mutable_capability()->set_hostname(HostName());
-  // Its GPU's name whether or not the job runs the target there: the coordinator, which knows
-  // target.device, compares it with its own.
-  const std::string gpu = CudaDeviceCount() > 0 ? CudaDeviceName(0) : "";
-  join.mutable_capability()->set_device(gpu.empty() ? "cpu"
-                                                    : "cuda x" + std::to_string(CudaDeviceCount()));
-  NumericEnvToProto(ProbeNumericEnv(gpu), join.mutable_capability()->mutable_numerics());
+  join.mutable_capability()->set_device(
+      gpu_.empty() ? "cpu" : "cuda x" + std::to_string(CudaDeviceCount()));
+  NumericEnvToProto(numerics_, join.mutable_capability()->mutable_numerics());
   join.set_serve_address(advertise_);
   join.mutable_target()->set_config_sha256(fingerprint_.config_sha256);
   join.mutable_target()->set_tensors_sha256(fingerprint_.tensors_sha256);
-  const double start = RealClock::Get().Now();
   v1::FeederJoinReply reply;
-  while (true) {
-    grpc::ClientContext ctx;
-    ctx.set_wait_for_ready(true);
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
-    const grpc::Status s = stub_->JoinFeeder(&ctx, join, &reply);
-    if (s.ok()) break;
-    const bool retry = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-                       s.error_code() == grpc::StatusCode::UNAVAILABLE;
-    if (!retry || RealClock::Get().Now() - start > o_.connect_timeout_seconds) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot join the coordinator at ", o_.coordinator, ": ", s.error_message()));
-    }
+  const grpc::Status s = *CallUntilReachable(
+      RealClock::Get(), o_.connect_timeout_seconds,
+      [&](grpc::ClientContext& ctx) { return stub_->JoinFeeder(&ctx, join, &reply); },
+      [] { return false; });
+  if (!s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot join the coordinator at ", o_.coordinator, ": ", s.error_message()));
   }
   if (!reply.accepted()) {
     return absl::FailedPreconditionError(
@@ -159,6 +172,21 @@ absl::Status FeederProcess::JoinJob() {
   token_ = reply.session_token();
   FD_ASSIGN_OR_RETURN(job_, ParseJobConfig(reply.job_config_yaml(), "the coordinator's job"));
   LOG(INFO) << "joined job '" << job_.name << "' as " << join.feeder_id();
+  return absl::OkStatus();
+}
+
+absl::Status FeederProcess::ServeMetrics() {
+  const bool from_flag = !o_.metrics_listen.empty();
+  const std::string listen = from_flag ? o_.metrics_listen : job_.metrics.worker_listen;
+  if (!job_.metrics.enabled || listen.empty() || listen == "off") return absl::OkStatus();
+  absl::StatusOr<int> port =
+      metrics_->Serve(listen, from_flag ? "--metrics-listen" : "metrics.worker_listen");
+  if (!port.ok()) return absl::FailedPreconditionError(port.status().message());
+  metrics_address_ = ScrapeAddress(listen, *port, LocalAddressToward(o_.coordinator).value_or(""));
+  if (!o_.metrics_port_file.empty()) {
+    FD_RETURN_IF_ERROR(WriteFileAtomically(o_.metrics_port_file, absl::StrCat(*port, "\n")));
+  }
+  LOG(INFO) << "/metrics on " << listen << ", port " << *port;
   return absl::OkStatus();
 }
 
@@ -228,7 +256,22 @@ void FeederProcess::Compute() {
     return features_->Compute(ids);
   };
   while (std::optional<ShardStore::Pending> p = store_->NextToCompute()) {
+    const double started = RealClock::Get().Now();
+    std::multiset<double>::iterator mine;
+    {
+      absl::MutexLock lock(&computing_mu_);
+      mine = computing_.insert(started);
+    }
     absl::StatusOr<std::vector<grpc::ByteBuffer>> chunks = BuildShard(p->work, layout_, compute);
+    if (o_.slow_ms_per_sample > 0) {  // FLASHDRAFT_FAULT=slow-feeder: a slower device
+      absl::SleepFor(absl::Milliseconds(o_.slow_ms_per_sample * p->work.samples_size()) -
+                     absl::Seconds(RealClock::Get().Now() - started));
+    }
+    if (chunks.ok()) {
+      int64_t tokens = 0;
+      for (const v1::FeedSample& sample : p->work.samples()) tokens += sample.length();
+      metrics_->RecordShard(p->work.samples_size(), tokens, RealClock::Get().Now() - started);
+    }
     if (!chunks.ok()) {
       // The feeder is broken (out of memory, a bad model): the coordinator hears why, and the
       // stream's end makes it give this feeder's work to others.
@@ -239,6 +282,10 @@ void FeederProcess::Compute() {
         if (compute_error_.ok()) compute_error_ = chunks.status();
       }
       feed_ctx_.TryCancel();
+    }
+    {
+      absl::MutexLock lock(&computing_mu_);
+      computing_.erase(mine);
     }
     store_->Complete(p->key, std::move(chunks));
   }
@@ -253,7 +300,15 @@ void FeederProcess::ReportStatus(bool first) {
   s->set_held_bytes(stats.held_bytes);
   s->set_shards_computed(stats.computed);
   s->set_shards_pending(stats.pending);
-  if (first) m.set_feeder_id(o_.feeder_id);
+  {
+    absl::MutexLock lock(&computing_mu_);
+    if (!computing_.empty()) s->set_computing_seconds(RealClock::Get().Now() - *computing_.begin());
+  }
+  metrics_->SetStore(stats.held_bytes, o_.max_bytes, stats.pending);
+  if (first) {
+    m.set_feeder_id(o_.feeder_id);
+    s->set_metrics_address(metrics_address_);
+  }
   absl::MutexLock lock(&write_mu_);
   stream_->Write(m);
 }

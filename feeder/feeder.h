@@ -18,8 +18,9 @@ struct FeederOptions {
   // target, which its fingerprint proves at the join.
   std::string target_path;
   std::string listen = "0.0.0.0:0";  // the FetchShard service (port 0: any)
-  // host:port workers reach the service by; empty: the address this host reaches the coordinator
-  // from (or the listen address when bound to one host) and the bound port.
+  // host:port workers reach the service by (a host alone: with the bound port; under TLS, a name
+  // its certificate holds); empty: the address this host reaches the coordinator from (or the
+  // listen address when bound to one host) and the bound port.
   std::string advertise;
   std::string port_file;                   // the bound port is written here once serving
   uint64_t max_bytes = uint64_t{1} << 30;  // computed features held at most
@@ -30,6 +31,13 @@ struct FeederOptions {
   // job's CA (deploy/make-certs.sh issues one per feeder).
   std::string serve_tls_cert;
   std::string serve_tls_key;
+  // Its /metrics (host:port; port 0 picks one). Empty: the job's metrics.worker_listen; "off":
+  // none. The bound port is written to metrics_port_file when set.
+  std::string metrics_listen;
+  std::string metrics_port_file;
+  // FLASHDRAFT_FAULT=slow-feeder:ms=N (feeder/feeder_fault.h): each shard's forward takes at least
+  // N ms per sample, standing in for a device's capture time. 0: as fast as it computes.
+  int slow_ms_per_sample = 0;
 };
 
 // Until the job ends (OK) or fails.

@@ -6,7 +6,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_wire.h"
-#include "common/grpc_refusal.h"
+#include "common/grpc_reactors.h"
 #include "common/grpc_status.h"
 #include "flashdraft/v1/feeder.grpc.pb.h"
 
@@ -16,9 +16,10 @@ namespace {
 // One FetchShard call: waits on the store for the ticket's shard, then writes its messages one at
 // a time. Exactly one of the store's answer and a cancellation starts the reply (the store hands a
 // waiter out once: CancelWait fails when the answer is already on its way).
-class FetchShardReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+class FetchShardReactor : public SequentialWriteReactor {
  public:
-  FetchShardReactor(ShardStore& store, const v1::FetchShardRequest& fetch) : store_(store) {
+  FetchShardReactor(ShardStore& store, const v1::FetchShardRequest& fetch, FeederMetrics* metrics)
+      : store_(store), metrics_(metrics) {
     const uint64_t id = store_.WhenReady(
         fetch.ticket(), fetch.step(), [this](absl::StatusOr<std::vector<grpc::ByteBuffer>> answer) {
           OnAnswer(std::move(answer));
@@ -35,14 +36,6 @@ class FetchShardReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     if (store_.CancelWait(id)) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
   }
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
-      return;
-    }
-    Next();
-  }
-  void OnDone() override { delete this; }
 
  private:
   bool HasWaitIdLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wait_id_ != 0; }
@@ -53,18 +46,20 @@ class FetchShardReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       return;
     }
     messages_ = *std::move(answer);
-    Next();
+    WriteNext();
   }
   // Writes happen one after another (each from the previous one's OnWriteDone): no lock needed.
-  void Next() {
+  void WriteNext() override {
     if (next_ >= messages_.size()) {
       Finish(grpc::Status::OK);
       return;
     }
+    if (metrics_ != nullptr) metrics_->AddSentBytes(messages_[next_].Length());
     StartWrite(&messages_[next_++]);
   }
 
   ShardStore& store_;
+  FeederMetrics* const metrics_;
   absl::Mutex mu_;
   uint64_t wait_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<grpc::ByteBuffer> messages_;
@@ -73,8 +68,8 @@ class FetchShardReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 class FeederServiceImpl : public v1::Feeder::WithRawCallbackMethod_FetchShard<v1::Feeder::Service> {
  public:
-  FeederServiceImpl(ShardStore& store, ServerSecurity& security)
-      : store_(store), security_(security) {}
+  FeederServiceImpl(ShardStore& store, ServerSecurity& security, FeederMetrics* metrics)
+      : store_(store), security_(security), metrics_(metrics) {}
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchShard(grpc::CallbackServerContext* ctx,
                                                          const grpc::ByteBuffer* request) override {
@@ -85,18 +80,20 @@ class FeederServiceImpl : public v1::Feeder::WithRawCallbackMethod_FetchShard<v1
       return new Refuse(
           grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed FetchShardRequest"));
     }
-    return new FetchShardReactor(store_, fetch);
+    return new FetchShardReactor(store_, fetch, metrics_);
   }
 
  private:
   ShardStore& store_;
   ServerSecurity& security_;
+  FeederMetrics* const metrics_;
 };
 
 }  // namespace
 
-std::unique_ptr<grpc::Service> NewFeederService(ShardStore& store, ServerSecurity& security) {
-  return std::make_unique<FeederServiceImpl>(store, security);
+std::unique_ptr<grpc::Service> NewFeederService(ShardStore& store, ServerSecurity& security,
+                                                FeederMetrics* metrics) {
+  return std::make_unique<FeederServiceImpl>(store, security, metrics);
 }
 
 }  // namespace flashdraft

@@ -10,11 +10,14 @@
 #include <memory>
 
 #include "common/security.h"
+#include "feeder/feeder_metrics.h"
 #include "feeder/shard_store.h"
 
 namespace flashdraft {
 
-// Every call is checked with `security` (the job secret); both outlive the service.
-std::unique_ptr<grpc::Service> NewFeederService(ShardStore& store, ServerSecurity& security);
+// Every call is checked with `security` (the job secret); the bytes sent are counted in `metrics`
+// (optional). All three outlive the service.
+std::unique_ptr<grpc::Service> NewFeederService(ShardStore& store, ServerSecurity& security,
+                                                FeederMetrics* metrics = nullptr);
 
 }  // namespace flashdraft

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/chunk_wire.h"
 #include "common/file_util.h"
 #include "flashdraft/v1/feeder.grpc.pb.h"
@@ -46,7 +47,7 @@ class FeederServiceTest : public ::testing::Test {
     SecurityConfig config;
     config.token_file = token;
     security_ = *ServerSecurity::Create(config, RealClock::Get());
-    service_ = NewFeederService(store_, *security_);
+    service_ = NewFeederService(store_, *security_, &metrics_);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", security_->credentials(), &port);
@@ -82,6 +83,7 @@ class FeederServiceTest : public ::testing::Test {
 
   testing::TempDir dir_;
   ShardStore store_{1 << 20};
+  FeederMetrics metrics_{"cpu"};
   std::unique_ptr<ServerSecurity> security_;
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -104,6 +106,10 @@ TEST_F(FeederServiceTest, AFetchWaitsForTheShardAndGetsTheTrainStreamsMessages) 
   const v1::TensorChunk& chunk = fetched.first[1].tensor_chunk();
   EXPECT_EQ(chunk.name(), "t");
   EXPECT_EQ(chunk.data(), std::string("\1\2\3\4\5"));
+  // Counted as sent: both messages, as they went on the wire.
+  const size_t sent = fetched.first[0].ByteSizeLong() + fetched.first[1].ByteSizeLong();
+  EXPECT_THAT(metrics_.Text(),
+              HasSubstr(absl::StrCat("flashdraft_feeder_sent_bytes_total ", sent, "\n")));
 }
 
 TEST_F(FeederServiceTest, UnknownTicketsAndStrangersAreRefused) {

@@ -1,6 +1,7 @@
 // flashdraft-feeder --coordinator HOST:PORT --target DIR [--id NAME] [--listen HOST:PORT]
 //                   [--advertise HOST:PORT] [--port-file FILE] [--max-bytes N] [--threads N]
 //                   [--tls-ca CA --tls-cert C --tls-key K] [--serve-tls-cert C --serve-tls-key K]
+//                   [--metrics-listen HOST:PORT] [--metrics-port-file FILE]
 //                   [--token-file F | --job JOB.yaml]
 // A target replica that computes the hidden states the coordinator assigns it and serves them to
 // the workers (docs/ARCHITECTURE.md, "Feeders").
@@ -9,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -17,6 +19,7 @@
 #include "common/numeric_env.h"
 #include "common/security_flags.h"
 #include "feeder/feeder.h"
+#include "feeder/feeder_fault.h"
 
 namespace {
 
@@ -34,8 +37,8 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--listen", o.listen, "serve FetchShard here (host:port; port 0 picks one)")
       ->capture_default_str();
   app.add_option("--advertise", o.advertise,
-                 "host:port workers reach the service by (default: this host's address toward "
-                 "the coordinator and the bound port)");
+                 "host:port (or host, with the bound port) workers reach the service by "
+                 "(default: this host's address toward the coordinator and the bound port)");
   app.add_option("--port-file", o.port_file, "write the bound FetchShard port here");
   app.add_option("--max-bytes", o.max_bytes, "computed features held at most (bytes)")
       ->capture_default_str()
@@ -49,6 +52,10 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--serve-tls-cert", o.serve_tls_cert,
                  "the FetchShard service's certificate (PEM), for a TLS job");
   app.add_option("--serve-tls-key", o.serve_tls_key, "its private key (PEM)");
+  app.add_option("--metrics-listen", o.metrics_listen,
+                 "serve /metrics here (host:port; default: the job's metrics.worker_listen; off: "
+                 "none)");
+  app.add_option("--metrics-port-file", o.metrics_port_file, "write the bound /metrics port here");
   flashdraft::AddClientSecurityFlags(app, o.security, f.job_path);
 }
 
@@ -79,6 +86,12 @@ int Run(Flags& f, char** argv) {
     std::cerr << "flashdraft-feeder: error: --target (or --job with target.path) is required\n";
     return 2;
   }
+  absl::StatusOr<int> slow = flashdraft::ParseFeederFault(std::getenv("FLASHDRAFT_FAULT"));
+  if (!slow.ok()) {
+    std::cerr << "flashdraft-feeder: error: " << slow.status().message() << "\n";
+    return 2;
+  }
+  o.slow_ms_per_sample = *slow;
   const absl::Status s = flashdraft::RunFeeder(o);
   if (!s.ok()) {
     std::cerr << "flashdraft-feeder: error: " << s.message() << "\n";

@@ -17,7 +17,7 @@ done
 
 # Every parser of untrusted input under libFuzzer for a bounded time each (clang; the corpus holds
 # seeds and regression inputs; new inputs go to a scratch folder, never into the repository).
-FUZZERS="chat_line checkpoint job_config safetensors tensor_chunk tokenizer"
+FUZZERS="chat_line checkpoint feed_message job_config safetensors tensor_chunk tokenizer"
 FLASHDRAFT_BUILD_DIR=build-fuzz CXX=clang++ \
   FLASHDRAFT_TARGETS="$(printf 'fuzz_%s ' $FUZZERS)" \
   scripts/build.sh -DFLASHDRAFT_FUZZ=ON -DFLASHDRAFT_BUILD_BENCH=OFF

@@ -61,8 +61,10 @@ TEST(DeployTest, SystemdUnitsPassVerifyWithoutWarnings) {
   }
   TempDir dir;
   std::string instances;
-  for (const auto& [unit, instance] : std::vector<std::pair<std::string, std::string>>{
-           {"flashdraft-coordinator@", "demo"}, {"flashdraft-worker@", "gpu0"}}) {
+  for (const auto& [unit, instance] :
+       std::vector<std::pair<std::string, std::string>>{{"flashdraft-coordinator@", "demo"},
+                                                        {"flashdraft-worker@", "gpu0"},
+                                                        {"flashdraft-feeder@", "gpu1"}}) {
     ASSERT_TRUE(
         WriteFileAtomically(dir.Join(unit + ".service"), UnitWithBuildBinaries(unit + ".service"))
             .ok());
@@ -188,7 +190,10 @@ class OneNodeSlurm {
                          "ReturnToService=2\nMpiDefault=none\n"
                          "JobCompType=jobcomp/none\n"
                          "AccountingStorageType=accounting_storage/none\n",
-                         "NodeName=", node, " NodeAddr=127.0.0.1 CPUs=2\n",
+                         // 4 CPUs whatever the machine has, so that 3 tasks (a feeder and 2
+                         // workers) fit the one node.
+                         "SlurmdParameters=config_overrides\n", "NodeName=", node,
+                         " NodeAddr=127.0.0.1 CPUs=4\n",
                          "PartitionName=test Nodes=ALL Default=YES "
                          "MaxTime=INFINITE State=UP OverSubscribe=YES\n"))
             .ok());
@@ -330,6 +335,53 @@ TEST(DeployTest, SlurmBatchScriptTrainsCheckpointsAtSigtermAndResumes) {
   EXPECT_THAT(broken_log, HasSubstr("train.max_steps"));
   EXPECT_THAT(broken_log, HasSubstr("is not a job this script can run"));
   EXPECT_THAT(broken_log, ::testing::Not(HasSubstr("coordinator on")));
+}
+
+// FLASHDRAFT_FEEDERS=1 of 3 tasks: one task runs a target feeder with its own certificate
+// (deploy/make-certs.sh --feeder <node>), which the workers verify when they fetch their shards;
+// the other two train. The job is secured (mutual TLS, the job secret) and ends exported.
+TEST(DeployTest, SlurmBatchScriptRunsAFeederTaskBesideTheWorkers) {
+  if (std::string why = OneNodeSlurm::Unavailable(); !why.empty()) GTEST_SKIP() << why;
+  TempDir dir;
+  const std::string root = dir.path();
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::string node = std::string(host).substr(0, std::string(host).find('.'));
+  const std::string pki = root + "/pki";
+  auto made = RunCommand(absl::StrCat(kSource, "/deploy/make-certs.sh ", pki, " --feeder ", node));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  made = RunCommand(absl::StrCat(kBin, "/flashdraft make-tiny-target --out ", root,
+                                 "/target --steps 150 --merges 256 --hidden 64 --layers 4"));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const absl::StatusOr<std::string> kernel = HostBlasKernel(kBin);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  const std::string job = root + "/job.yaml";
+  ASSERT_TRUE(WriteFileAtomically(
+                  job, absl::StrCat(
+                           "name: fed\noutput_dir: ", root, "/out\n", "target: {path: ", root,
+                           "/target, layer_ids: [1, 3]}\n",
+                           "drafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, "
+                           "max_anchors: 16}\n",
+                           "data: {source: target, jsonl: ", root,
+                           "/target/chats.jsonl, max_seq_len: 256, regenerate: false}\n",
+                           "train: {seed: 0, max_steps: 8, global_batch_size: 8",
+                           kernel->empty() ? "" : ", blas_kernel: " + *kernel, "}\n",
+                           "checkpoint: {every_steps: 0}\n", PkiSecurityYaml(pki)))
+                  .ok());
+  OneNodeSlurm slurm(root + "/slurm");
+  ASSERT_TRUE(slurm.ready()) << slurm.Run("sinfo").output << slurm.Logs();
+  auto run = slurm.Run(
+      absl::StrCat("timeout 600 sbatch --wait --ntasks=3 --time=10 --output=", root, "/slurm.out ",
+                   ShellQuote(kSource + "/deploy/slurm/flashdraft.sbatch"), " ", job),
+      absl::StrCat("FLASHDRAFT_BIN=", kBin, " FLASHDRAFT_FEEDERS=1 FLASHDRAFT_FEEDER_PKI=", pki));
+  const std::string log = ReadFile(root + "/slurm.out").value_or("");
+  ASSERT_EQ(run.exit_code, 0) << run.output << log << slurm.Logs();
+  EXPECT_THAT(log, HasSubstr("2 worker(s), 1 feeder(s)"));
+  EXPECT_THAT(log, HasSubstr("feeder 'feeder-" + node + "-0' joined (serving at " + node + ":"));
+  EXPECT_THAT(log, HasSubstr("every shard's features are computed by a feeder"));
+  EXPECT_THAT(log, HasSubstr("shut down by the coordinator: job finished"));
+  EXPECT_EQ(ReadSteps(root + "/out/steps.jsonl").size(), 8u) << log;
+  EXPECT_TRUE(std::filesystem::exists(root + "/out/drafter/model.safetensors")) << log;
 }
 
 // A scratch "Proxmox host" on this machine: the pct and ssh stand-ins of tests/deploy first on

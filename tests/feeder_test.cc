@@ -6,11 +6,16 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "tests/support/test_util.h"
@@ -20,6 +25,7 @@ namespace {
 
 using ::flashdraft::testing::FindProcess;
 using ::flashdraft::testing::FirstDifferentStep;
+using ::flashdraft::testing::HttpGet;
 using ::flashdraft::testing::ReadSteps;
 using ::flashdraft::testing::RunCommand;
 using ::flashdraft::testing::StartProcess;
@@ -90,6 +96,47 @@ class FeederTest : public ::testing::Test {
     EXPECT_TRUE(*reference == *drafter) << what << ": the exported drafters differ";
   }
 
+  // targets.json lists the job's `feeders` feeders (role "feeder"); the first one's /metrics
+  // passes promtool and has every feeder metric the Grafana dashboard asks for.
+  static void ExpectFeederMetrics(const std::string& out, int feeders) {
+    std::map<std::string, int> ports;  // feeder id -> its /metrics port
+    for (int i = 0; i < 1000 && static_cast<int>(ports.size()) < feeders; ++i) {
+      auto text = ReadFile(out + "/prometheus/targets.json");
+      const nlohmann::json groups = nlohmann::json::parse(text.ok() ? *text : "", nullptr, false);
+      for (const nlohmann::json& g : groups.is_array() ? groups : nlohmann::json::array()) {
+        if (g["labels"]["role"] != "feeder") continue;
+        const std::string address = g["targets"][0];
+        ports[g["labels"]["feeder"]] = std::stoi(address.substr(address.rfind(':') + 1));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(static_cast<int>(ports.size()), feeders) << "feeders in targets.json";
+    auto scrape = HttpGet(ports.at("feeder-0"), "/metrics");
+    ASSERT_TRUE(scrape.ok()) << scrape.status();
+    const std::string& text = scrape->body;
+    EXPECT_THAT(text, ::testing::ContainsRegex("\nflashdraft_feeder_samples_total [1-9]"));
+    EXPECT_THAT(text, HasSubstr("\nflashdraft_feeder_max_bytes "));
+    if (access("/usr/bin/promtool", X_OK) == 0) {
+      ASSERT_TRUE(WriteFileAtomically(out + "/feeder.metrics", text).ok());
+      auto lint = RunCommand("/usr/bin/promtool check metrics < " + out + "/feeder.metrics");
+      EXPECT_EQ(lint.exit_code, 0) << lint.output;
+      EXPECT_EQ(lint.output, "");
+    }
+    const auto dashboard = ReadFile(kSource + "/deploy/grafana/flashdraft.json");
+    ASSERT_TRUE(dashboard.ok());
+    const std::regex name("flashdraft_feeder_[a-z_]+");
+    int names = 0;
+    for (std::sregex_iterator it(dashboard->begin(), dashboard->end(), name), end; it != end;
+         ++it, ++names) {
+      std::string family = it->str();
+      for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+        if (absl::EndsWith(family, suffix)) family.resize(family.size() - strlen(suffix));
+      }
+      EXPECT_THAT(text, HasSubstr("\n# TYPE " + family + " ")) << it->str();
+    }
+    EXPECT_GE(names, 6);
+  }
+
   static TempDir* dir_;
 };
 TempDir* FeederTest::dir_ = nullptr;
@@ -126,6 +173,7 @@ TEST_F(FeederTest, AFeederKilledMidRunChangesNothing) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_GE(ReadSteps(out + "/steps.jsonl").size(), 10u) << *ReadFile(out + ".log");
+  ExpectFeederMetrics(out, 2);
   const int victim = FindProcess({"flashdraft-feeder", "--id feeder-1"});
   ASSERT_GT(victim, 0);
   ASSERT_EQ(kill(victim, SIGKILL), 0);

@@ -16,6 +16,7 @@ namespace flashdraft {
 absl::StatusOr<FaultPlan> ParseFault(const char* env) {
   FaultPlan plan;
   if (env == nullptr || *env == 0) return plan;
+  if (absl::StartsWith(env, "slow-feeder:")) return plan;  // the feeders' (feeder/feeder.h)
   const std::vector<std::string> parts = absl::StrSplit(env, ':');
   if (parts.size() != 3 || !absl::StartsWith(parts[1], "step=") ||
       !absl::StartsWith(parts[2], "rank=") ||

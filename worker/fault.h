@@ -8,8 +8,9 @@
 //            (heartbeats) goes on: a stuck kernel, a deadlock
 //   corrupt  the checkpoint upload of the state after s steps carries a chunk with a wrong CRC-32C
 //            (a broken worker; the process lives on)
-// Unset: nothing happens; a malformed value stops the worker at start rather than being ignored.
-// Only the first epoch fires, so that a restarted or re-formed worker trains normally.
+// Unset or a feeder's fault (slow-feeder:..., feeder/feeder.h): nothing happens; a malformed value
+// stops the worker at start rather than being ignored. Only the first epoch fires, so that a
+// restarted or re-formed worker trains normally.
 #pragma once
 
 #include <cstdint>

@@ -12,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/call_retry.h"
 #include "common/clock.h"
 #include "common/cuda_util.h"
 #include "common/file_util.h"
@@ -129,26 +130,19 @@ v1::JoinRequest MakeJoinRequest(const WorkerOptions& o, const NumericEnv& numeri
 absl::StatusOr<std::optional<v1::JoinReply>> Join(v1::Coordinator::Stub& stub,
                                                   const v1::JoinRequest& join,
                                                   const WorkerOptions& o) {
-  const double join_start = Now();
-  while (true) {
-    if (Leaving(o)) return std::nullopt;
-    grpc::ClientContext ctx;
-    ctx.set_wait_for_ready(true);
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
-    v1::JoinReply reply;
-    grpc::Status s = stub.Join(&ctx, join, &reply);
-    if (s.ok()) return reply;
-    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {  // fatal: joining again won't help
-      return absl::UnauthenticatedError(absl::StrCat("the coordinator at ", o.coordinator, " ",
-                                                     s.error_message(), " (--token-file)"));
-    }
-    const bool retry = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-                       s.error_code() == grpc::StatusCode::UNAVAILABLE;
-    if (!retry || Now() - join_start > o.connect_timeout_seconds) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot join the coordinator at ", o.coordinator, ": ", s.error_message()));
-    }
+  v1::JoinReply reply;
+  const std::optional<grpc::Status> s = CallUntilReachable(
+      RealClock::Get(), o.connect_timeout_seconds,
+      [&](grpc::ClientContext& ctx) { return stub.Join(&ctx, join, &reply); },
+      [&] { return Leaving(o); });
+  if (!s.has_value()) return std::nullopt;
+  if (s->ok()) return reply;
+  if (s->error_code() == grpc::StatusCode::UNAUTHENTICATED) {  // fatal: joining again won't help
+    return absl::UnauthenticatedError(absl::StrCat("the coordinator at ", o.coordinator, " ",
+                                                   s->error_message(), " (--token-file)"));
   }
+  return absl::UnavailableError(
+      absl::StrCat("cannot join the coordinator at ", o.coordinator, ": ", s->error_message()));
 }
 
 // A refusal as an error. Another OpenBLAS kernel than the job pins: start again with it (once; it

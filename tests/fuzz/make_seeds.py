@@ -106,3 +106,18 @@ put("chat_line", "openai.jsonl", json.dumps({"messages": [
 put("chat_line", "sharegpt.jsonl", json.dumps({"conversations": [
     {"from": "human", "value": "2+2?"}, {"from": "gpt", "value": "4"}]}))
 put("chat_line", "tokenized.jsonl", json.dumps({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}))
+
+# A feeder's FeedMessage: ShardWork (ticket, Microbatch header of step 3, shard 0 of 1, one sample
+# of 10 ids with 8 kept, a loss mask of 8 and anchors 0 and 4); a release; a FetchShardRequest.
+def message(num, payload):
+    return field(num, 2, varint(len(payload)) + payload)
+
+
+ids = b"".join(varint(i) for i in range(1, 11))
+sample = (field(1, 0, varint(0)) + message(2, ids) + message(3, b"\x01" * 8) + field(4, 0, varint(8))
+          + message(5, varint(0) + varint(4)))
+header = field(1, 0, varint(3)) + field(6, 0, varint(3)) + field(8, 0, varint(0)) + field(9, 0, varint(1))
+work = message(1, b"t-3-0") + message(2, header) + message(3, sample)
+put("feed_message", "work.bin", message(1, work))
+put("feed_message", "release.bin", message(2, field(1, 0, varint(4))))
+put("feed_message", "fetch.bin", message(1, b"t-3-0") + field(2, 0, varint(3)))

@@ -1,0 +1,43 @@
+// libFuzzer: what a feeder reads off the wire — a FeedMessage from the coordinator (its ShardWork
+// checked by ShardFeatureBytes, then built into chunks and held in the shard store) and a worker's
+// FetchShardRequest against that store. Bounded allocation: the work's feature bytes are checked
+// before anything is computed.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "feeder/shard_builder.h"
+#include "feeder/shard_store.h"
+#include "flashdraft/v1/feeder.pb.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace flashdraft;
+  const FeatureLayout layout{/*feature_size=*/8, DType::kBF16, /*max_seq_len=*/64};
+  ShardStore store(1 << 20);
+  v1::FeedMessage message;
+  if (message.ParseFromArray(data, static_cast<int>(size))) {
+    if (message.has_work()) {
+      const v1::ShardWork& work = message.work();
+      absl::StatusOr<uint64_t> bytes = ShardFeatureBytes(work, layout);
+      if (bytes.ok() && store.Assign(work, *bytes).ok()) {
+        if (std::optional<ShardStore::Pending> p = store.TryNextToCompute()) {
+          store.Complete(p->key, BuildShard(p->work, layout, [&](const std::vector<int64_t>& ids) {
+                           return absl::StatusOr<std::vector<uint8_t>>(
+                               std::vector<uint8_t>(ids.size() * 8 * 2, 0x3f));
+                         }));
+        }
+        store.WhenReady(work.ticket(), work.header().step(),
+                        [](absl::StatusOr<std::vector<grpc::ByteBuffer>>) {});
+      }
+    }
+    if (message.has_release()) store.Release(message.release().committed_steps());
+  }
+  v1::FetchShardRequest fetch;
+  if (fetch.ParseFromArray(data, static_cast<int>(size))) {
+    const uint64_t id = store.WhenReady(fetch.ticket(), fetch.step(),
+                                        [](absl::StatusOr<std::vector<grpc::ByteBuffer>>) {});
+    store.CancelWait(id);
+  }
+  store.Shutdown(absl::CancelledError("done"));
+  return 0;
+}
