@@ -27,8 +27,8 @@ class ConfigCheckCommand : public Command {
     // Each process's expected peak memory, where the target's (or the shards') files are here.
     absl::StatusOr<MemoryInputs> inputs = MemoryInputsForJob(*config);
     if (inputs.ok()) {
-      std::cout << FormatJobMemory(
-          EstimateJobMemory(*config, *inputs, config->cluster.max_workers));
+      std::cout << FormatJobMemory(EstimateJobMemory(*config, *inputs, config->cluster.max_workers,
+                                                     config->cluster.min_feeders));
     } else {
       std::cout << "# memory estimate: not available (" << inputs.status().message() << ")\n";
     }

@@ -106,10 +106,13 @@ std::string BinDir() {
 absl::Status CheckLaunchMemory(const JobConfig& job, const LaunchOptions& o) {
   absl::StatusOr<MemoryInputs> inputs = MemoryInputsForJob(job);
   if (!inputs.ok()) return absl::OkStatus();
-  const JobMemory memory = EstimateJobMemory(job, *inputs, o.workers);
-  std::printf("[launch     ] expected peak memory: coordinator %lld MiB, each worker %lld MiB\n",
+  const JobMemory memory = EstimateJobMemory(job, *inputs, o.workers, o.feeders);
+  std::printf("[launch     ] expected peak memory: coordinator %lld MiB, each worker %lld MiB%s\n",
               static_cast<long long>(memory.coordinator.HostBytes() >> 20),
-              static_cast<long long>(memory.worker.HostBytes() >> 20));
+              static_cast<long long>(memory.worker.HostBytes() >> 20),
+              memory.feeders > 0
+                  ? absl::StrCat(", each feeder ", memory.feeder.HostBytes() >> 20, " MiB").c_str()
+                  : "");
   if (o.skip_memory_check) return absl::OkStatus();
   return CheckJobFits(memory, AvailableHostMemory(), "this machine");
 }

@@ -77,8 +77,9 @@ absl::StatusOr<int64_t> CheckMemory(const flashdraft::JobConfig& job) {
   absl::StatusOr<flashdraft::MemoryInputs> inputs = flashdraft::MemoryInputsForJob(job);
   if (!inputs.ok()) return 0;
   flashdraft::JobMemory memory =
-      flashdraft::EstimateJobMemory(job, *inputs, job.cluster.max_workers);
-  memory.workers = 0;  // this process only
+      flashdraft::EstimateJobMemory(job, *inputs, job.cluster.max_workers, job.cluster.min_feeders);
+  memory.workers = 0;  // this process only: workers and feeders may run on other hosts
+  memory.feeders = 0;
   const int64_t estimate = memory.coordinator.HostBytes();
   LOG(INFO) << "expected peak memory: " << estimate / (1 << 20) << " MiB";
   if (absl::Status s =

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <set>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "common/job_config.h"
 #include "common/net_util.h"
 #include "common/numeric_env.h"
+#include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "common/target_fingerprint.h"
 #include "coordinator/sources/target_features.h"
@@ -46,10 +48,13 @@ class FeederProcess {
   absl::Status Run() {
     FD_RETURN_IF_ERROR(Serve());
     FD_RETURN_IF_ERROR(JoinJob());
+    FD_ASSIGN_OR_RETURN(const int64_t expected, CheckMemory());
     FD_RETURN_IF_ERROR(ServeMetrics());
     FD_RETURN_IF_ERROR(OpenTarget());
     const absl::Status result = Feed();
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    LOG(INFO) << "peak memory: " << (PeakResidentBytes() >> 20) << " MiB"
+              << (expected > 0 ? absl::StrCat(" (expected ", expected >> 20, " MiB)") : "");
     return result;
   }
 
@@ -58,6 +63,9 @@ class FeederProcess {
 
   absl::Status Serve();
   absl::Status JoinJob();
+  // This process's expected peak memory for the job (0: not known), refused where this host
+  // cannot hold it, before the target loads.
+  absl::StatusOr<int64_t> CheckMemory() const;
   // The /metrics the job (or --metrics-listen) asks for, once the job is known.
   absl::Status ServeMetrics();
   absl::Status OpenTarget();
@@ -173,6 +181,25 @@ absl::Status FeederProcess::JoinJob() {
   FD_ASSIGN_OR_RETURN(job_, ParseJobConfig(reply.job_config_yaml(), "the coordinator's job"));
   LOG(INFO) << "joined job '" << job_.name << "' as " << join.feeder_id();
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> FeederProcess::CheckMemory() const {
+  JobConfig job = job_;
+  job.target.path = o_.target_path;
+  absl::StatusOr<MemoryInputs> inputs = MemoryInputsForJob(job);
+  if (!inputs.ok()) return 0;  // opening the target names what is missing
+  JobMemory memory = EstimateJobMemory(job, *inputs, job.cluster.max_workers, 1);
+  // This process only; the estimate's feature budget is the default --max-bytes.
+  memory.coordinator.parts.clear();
+  memory.workers = 0;
+  for (MemoryPart& part : memory.feeder.parts) {
+    if (part.what.rfind("computed features held", 0) == 0) {
+      part.bytes = std::min<int64_t>(part.bytes, static_cast<int64_t>(o_.max_bytes));
+    }
+  }
+  LOG(INFO) << "expected peak memory: " << (memory.feeder.HostBytes() >> 20) << " MiB";
+  FD_RETURN_IF_ERROR(CheckJobFits(memory, AvailableHostMemory(), "this host"));
+  return memory.feeder.HostBytes();
 }
 
 absl::Status FeederProcess::ServeMetrics() {

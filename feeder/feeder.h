@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "common/security.h"
+#include "model/memory_estimate.h"
 
 namespace flashdraft {
 
@@ -22,9 +23,9 @@ struct FeederOptions {
   // its certificate holds); empty: the address this host reaches the coordinator from (or the
   // listen address when bound to one host) and the bound port.
   std::string advertise;
-  std::string port_file;                   // the bound port is written here once serving
-  uint64_t max_bytes = uint64_t{1} << 30;  // computed features held at most
-  int threads = 1;                         // compute threads
+  std::string port_file;                        // the bound port is written here once serving
+  uint64_t max_bytes = kDefaultFeederMaxBytes;  // computed features held at most
+  int threads = 1;                              // compute threads
   double connect_timeout_seconds = 60;
   ClientSecurity security;  // to the coordinator; its job secret also guards FetchShard
   // The service's certificate and key (PEM) when the job uses TLS; workers verify it with the

@@ -51,7 +51,10 @@ void Add(ProcessMemory& p, std::string what, int64_t bytes, bool on_gpu = false)
   if (bytes > 0) p.parts.push_back({std::move(what), bytes, on_gpu});
 }
 
-void AddTargetParts(const JobConfig& job, const MemoryInputs& in, ProcessMemory& c) {
+// The target's weights and forward in the process that runs it (the coordinator, or a feeder:
+// `generates` with regeneration or evaluation, which only the coordinator runs).
+void AddTargetParts(const JobConfig& job, const MemoryInputs& in, bool generates,
+                    ProcessMemory& c) {
   const TargetModelConfig& t = in.target;
   const bool gpu = job.target.device == "cuda";
   // On a CPU the target runs in fp32 whatever target.dtype (which sets the features' wire type).
@@ -63,7 +66,7 @@ void AddTargetParts(const JobConfig& job, const MemoryInputs& in, ProcessMemory&
   const int n = static_cast<int>(in.drafter.target_layer_ids.size());
   Add(c, "target forward at data.max_seq_len",
       TargetForwardBytes(t, job.data.max_seq_len, dsize, n), gpu);
-  if (job.data.regenerate || job.eval.every_steps > 0) {
+  if (generates && (job.data.regenerate || job.eval.every_steps > 0)) {
     const int64_t kv = t.num_key_value_heads * t.head_dim;
     Add(c, "KV cache and logits (regeneration, evaluation)",
         t.num_hidden_layers * 2 * (job.data.max_seq_len + job.data.max_new_tokens) * kv * dsize +
@@ -72,16 +75,21 @@ void AddTargetParts(const JobConfig& job, const MemoryInputs& in, ProcessMemory&
   }
 }
 
-ProcessMemory CoordinatorMemory(const JobConfig& job, const MemoryInputs& in) {
+// The features of the prefetch window (data.prefetch_steps), packed for the wire.
+int64_t PrefetchBytes(const JobConfig& job, const DrafterModelConfig& d) {
+  const int64_t wire = job.target.dtype == "bfloat16" ? 2 : 4;
+  return int64_t{job.data.prefetch_steps} * job.train.global_batch_size * job.data.max_seq_len *
+         d.feature_size() * wire * 2;
+}
+
+ProcessMemory CoordinatorMemory(const JobConfig& job, const MemoryInputs& in, int feeders) {
   const DrafterModelConfig& d = in.drafter;
   ProcessMemory c{"coordinator", {}};
   Add(c, "runtime (LibTorch, gRPC)", kRuntimeBytes);
-  if (in.online_target) AddTargetParts(job, in, c);
+  if (in.online_target) AddTargetParts(job, in, /*generates=*/true, c);
   Add(c, "frozen embeddings served to workers (fp32, mapped)", FrozenBytes(d));
-  const int64_t wire = job.target.dtype == "bfloat16" ? 2 : 4;
-  Add(c, "prefetched features (data.prefetch_steps)",
-      int64_t{job.data.prefetch_steps} * job.train.global_batch_size * job.data.max_seq_len *
-          d.feature_size() * wire * 2);
+  // With feeders the features go from them to the workers, never through the coordinator.
+  if (feeders == 0) Add(c, "prefetched features (data.prefetch_steps)", PrefetchBytes(job, d));
   const int64_t p = DrafterParameters(d);
   Add(c, "received checkpoint and export (weights, AdamW)", p * 4 * 3 + p * 2);
   if (job.eval.every_steps > 0) Add(c, "evaluated drafter (fp32)", p * 4);
@@ -115,6 +123,17 @@ ProcessMemory WorkerMemory(const JobConfig& job, const MemoryInputs& in, int wor
   return w;
 }
 
+// A feeder: the target's replica and forward, and the features it computed for the prefetch
+// window (all of them when it is the only one live), at most its --max-bytes.
+ProcessMemory FeederMemory(const JobConfig& job, const MemoryInputs& in) {
+  ProcessMemory f{"feeder", {}};
+  Add(f, "runtime (LibTorch, gRPC)", kRuntimeBytes);
+  AddTargetParts(job, in, /*generates=*/false, f);
+  Add(f, "computed features held (the prefetch window, at most --max-bytes)",
+      std::min(kDefaultFeederMaxBytes, PrefetchBytes(job, in.drafter)));
+  return f;
+}
+
 std::string Mib(int64_t bytes) { return absl::StrFormat("%.0f MiB", bytes / double(kMiB)); }
 
 int64_t Sum(const ProcessMemory& p, bool gpu) {
@@ -136,11 +155,18 @@ const MemoryPart* ProcessMemory::Largest(bool gpu) const {
   return best;
 }
 
-JobMemory EstimateJobMemory(const JobConfig& job, const MemoryInputs& inputs, int workers) {
+int64_t JobMemory::TotalHostBytes() const {
+  return coordinator.HostBytes() + workers * worker.HostBytes() + feeders * feeder.HostBytes();
+}
+
+JobMemory EstimateJobMemory(const JobConfig& job, const MemoryInputs& inputs, int workers,
+                            int feeders) {
   JobMemory m;
   m.workers = std::max(1, workers);
-  m.coordinator = CoordinatorMemory(job, inputs);
+  m.feeders = inputs.online_target ? std::max(0, feeders) : 0;
+  m.coordinator = CoordinatorMemory(job, inputs, m.feeders);
   m.worker = WorkerMemory(job, inputs, m.workers);
+  if (m.feeders > 0) m.feeder = FeederMemory(job, inputs);
   return m;
 }
 
@@ -184,13 +210,15 @@ absl::StatusOr<MemoryInputs> MemoryInputsForJob(const JobConfig& job) {
 
 std::string FormatJobMemory(const JobMemory& m) {
   std::string out;
-  for (const ProcessMemory* p : {&m.coordinator, &m.worker}) {
+  for (const ProcessMemory* p : {&m.coordinator, &m.worker, &m.feeder}) {
+    if (p == &m.feeder && m.feeders == 0) continue;
     std::vector<MemoryPart> parts = p->parts;
     std::stable_sort(parts.begin(), parts.end(),
                      [](const MemoryPart& a, const MemoryPart& b) { return a.bytes > b.bytes; });
     absl::StrAppend(&out, "# ",
-                    p == &m.worker ? absl::StrCat("each of ", m.workers, " worker(s)")
-                                   : std::string("coordinator"),
+                    p == &m.worker   ? absl::StrCat("each of ", m.workers, " worker(s)")
+                    : p == &m.feeder ? absl::StrCat("each of ", m.feeders, " feeder(s)")
+                                     : std::string("coordinator"),
                     ": expected peak ", Mib(p->HostBytes()), " host",
                     p->GpuBytes() > 0 ? absl::StrCat(", ", Mib(p->GpuBytes()), " GPU") : "", "\n");
     for (const MemoryPart& part : parts) {
@@ -198,25 +226,33 @@ std::string FormatJobMemory(const JobMemory& m) {
                                             part.on_gpu ? " [GPU]" : ""));
     }
   }
-  const int64_t total = m.coordinator.HostBytes() + m.workers * m.worker.HostBytes();
-  absl::StrAppend(&out, "# all on one machine: ", Mib(total), " host\n");
+  absl::StrAppend(&out, "# all on one machine: ", Mib(m.TotalHostBytes()), " host\n");
   return out;
 }
 
 absl::Status CheckJobFits(const JobMemory& m, int64_t available, const std::string& where) {
-  const int64_t total = m.coordinator.HostBytes() + m.workers * m.worker.HostBytes();
+  const int64_t total = m.TotalHostBytes();
   if (available <= 0 || total <= available) return absl::OkStatus();
-  const bool worker_side = m.workers * m.worker.HostBytes() > m.coordinator.HostBytes();
-  const MemoryPart* largest = (worker_side ? m.worker : m.coordinator).Largest();
+  // The side that holds the most (all its processes together) and its largest part.
+  const ProcessMemory* side = &m.coordinator;
+  int64_t side_bytes = m.coordinator.HostBytes();
+  if (m.workers * m.worker.HostBytes() > side_bytes) {
+    side = &m.worker;
+    side_bytes = m.workers * m.worker.HostBytes();
+  }
+  if (m.feeders * m.feeder.HostBytes() > side_bytes) side = &m.feeder;
+  const MemoryPart* largest = side->Largest();
   return absl::ResourceExhaustedError(absl::StrCat(
       "the job needs about ", Mib(total), " of memory (coordinator ",
       Mib(m.coordinator.HostBytes()), ", ", m.workers, " worker(s) of ", Mib(m.worker.HostBytes()),
+      m.feeders > 0 ? absl::StrCat(", ", m.feeders, " feeder(s) of ", Mib(m.feeder.HostBytes()))
+                    : "",
       ") but ", where, " has ", Mib(available), " available; the largest part is the ",
-      worker_side ? "worker" : "coordinator", "'s ", largest->what, " (", Mib(largest->bytes),
+      side->process, "'s ", largest->what, " (", Mib(largest->bytes),
       "): lower drafter.max_anchors, data.max_seq_len, train.global_batch_size, "
-      "drafter.num_hidden_layers or the number of "
-      "workers on this machine, or train on a larger one (`flashdraft config check` shows every "
-      "part)"));
+      "drafter.num_hidden_layers or the number of ",
+      m.feeders > 0 ? "workers and feeders" : "workers",
+      " on this machine, or train on a larger one (`flashdraft config check` shows every part)"));
 }
 
 int64_t AvailableHostMemory() {

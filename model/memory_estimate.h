@@ -38,10 +38,19 @@ struct ProcessMemory {
   const MemoryPart* Largest(bool gpu = false) const;
 };
 
+// What a target feeder holds of computed features at most unless told otherwise
+// (flashdraft-feeder --max-bytes).
+inline constexpr int64_t kDefaultFeederMaxBytes = int64_t{1} << 30;
+
 struct JobMemory {
   ProcessMemory coordinator;
   ProcessMemory worker;  // rank 0's (it also uploads checkpoints); other workers hold less
+  ProcessMemory feeder;  // each target feeder's (empty without feeders)
   int workers = 1;
+  int feeders = 0;
+
+  // Every process of the job on one machine.
+  int64_t TotalHostBytes() const;
 };
 
 // What the estimate needs beyond the job file.
@@ -52,7 +61,10 @@ struct MemoryInputs {
   int64_t target_stored_bytes_per_weight = 2;  // its safetensors dtype (config.json torch_dtype)
 };
 
-JobMemory EstimateJobMemory(const JobConfig& job, const MemoryInputs& inputs, int workers);
+// With `feeders` > 0 (an online target only) each feeder holds a replica of the target and the
+// features it computed, and the coordinator holds no prefetched features.
+JobMemory EstimateJobMemory(const JobConfig& job, const MemoryInputs& inputs, int workers,
+                            int feeders = 0);
 
 // The inputs from the files the job names: the target's config.json (data.source target) or the
 // shards' manifest.json; errors name the file.
@@ -61,8 +73,8 @@ absl::StatusOr<MemoryInputs> MemoryInputsForJob(const JobConfig& job);
 // A table: each process's parts, largest first, and its total (host, and GPU where used).
 std::string FormatJobMemory(const JobMemory& memory);
 
-// Whether coordinator + `workers` workers fit `available` host bytes; otherwise an error naming
-// the largest part and the fields that shrink it.
+// Whether coordinator + `workers` workers (+ `feeders` feeders) fit `available` host bytes;
+// otherwise an error naming the largest part and the fields that shrink it.
 absl::Status CheckJobFits(const JobMemory& memory, int64_t available_bytes,
                           const std::string& where);
 

@@ -83,6 +83,39 @@ TEST(MemoryEstimateTest, AJobThatCannotFitIsRefusedNamingTheLargestPart) {
   EXPECT_GT(AvailableHostMemory(), 0);
 }
 
+TEST(MemoryEstimateTest, FeedersHoldTheTargetAndTheCoordinatorNoFeatures) {
+  JobConfig job;
+  job.data.source = "target";
+  job.data.max_seq_len = 2048;
+  job.data.regenerate = true;
+  job.drafter.max_anchors = 64;
+  const MemoryInputs in = Qwen3_8b();
+  const JobMemory alone = EstimateJobMemory(job, in, 2);
+  EXPECT_EQ(alone.feeders, 0);
+  EXPECT_TRUE(alone.feeder.parts.empty());
+  EXPECT_GT(Part(alone.coordinator, "prefetched features"), 0);
+  const JobMemory fed = EstimateJobMemory(job, in, 2, 3);
+  EXPECT_EQ(Part(fed.coordinator, "prefetched features"), -1);
+  EXPECT_EQ(Part(fed.feeder, "target weights (fp32)"), TargetParameterCount(in.target) * 4);
+  EXPECT_GT(Part(fed.feeder, "target forward"), 0);
+  EXPECT_EQ(Part(fed.feeder, "KV cache"), -1);  // regeneration runs on the coordinator
+  EXPECT_EQ(Part(fed.feeder, "computed features held"),
+            std::min(kDefaultFeederMaxBytes, Part(alone.coordinator, "prefetched features")));
+  EXPECT_EQ(fed.TotalHostBytes(),
+            fed.coordinator.HostBytes() + 2 * fed.worker.HostBytes() + 3 * fed.feeder.HostBytes());
+  EXPECT_THAT(FormatJobMemory(fed), HasSubstr("# each of 3 feeder(s): expected peak "));
+  // Twelve feeders of an 8B target outweigh everything else: the refusal names the feeder.
+  const JobMemory many = EstimateJobMemory(job, in, 1, 12);
+  const absl::Status s = CheckJobFits(many, many.TotalHostBytes() - 1, "this machine");
+  EXPECT_THAT(std::string(s.message()), HasSubstr("12 feeder(s) of"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("the largest part is the feeder's target weights"));
+  // Shards (no online target): no feeders whatever is asked.
+  MemoryInputs offline = in;
+  offline.online_target = false;
+  EXPECT_EQ(EstimateJobMemory(job, offline, 2, 3).feeders, 0);
+}
+
 TEST(MemoryEstimateTest, MissingFilesAreNamed) {
   testing::TempDir dir;
   JobConfig job;
