@@ -575,6 +575,95 @@ TEST(DeployTest, ProxmoxDeploysTheJobIntoLxcContainers) {
   EXPECT_EQ(pve.Exec(301, "systemctl is-active flashdraft-worker@cpu"), "inactive");
 }
 
+// A job on make-tiny-target's target in `target_dir` (online, no regeneration), with the lines of
+// `extra` (cluster, security) added (`out` empty: no output_dir): the deploy tests that run a
+// target feeder train it.
+std::string TinyTargetJobYaml(const std::string& name, const std::string& target_dir,
+                              const std::string& out, int steps, const std::string& kernel,
+                              const std::string& extra) {
+  return absl::StrCat(
+      "name: ", name, "\n", out.empty() ? "" : absl::StrCat("output_dir: ", out, "\n"),
+      "target: {path: ", target_dir, ", layer_ids: [1, 3]}\n",
+      "drafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, max_anchors: 16}\n",
+      "data: {source: target, jsonl: ", target_dir,
+      "/chats.jsonl, max_seq_len: 256, regenerate: false}\n", "train: {seed: 0, max_steps: ", steps,
+      ", global_batch_size: 8", kernel.empty() ? "" : ", blas_kernel: " + kernel, "}\n",
+      "checkpoint: {every_steps: 0}\n", extra);
+}
+
+// deploy/proxmox with a target feeder on real LXC containers: a coordinator, a worker and a feeder
+// container (the feeder's certificate from the deployment's PKI, the target mounted into it); the
+// worker fetches its features from the feeder, and the job ends with the numbers `flashdraft
+// launch` gets on loopback without a feeder.
+TEST(DeployTest, ProxmoxDeploysAFeederContainerBesideTheWorkers) {
+  if (std::string why = PveStandIn::Unavailable(); !why.empty()) GTEST_SKIP() << why;
+  TempDir dir;
+  const std::string root = dir.path();
+  PveStandIn pve(root);
+  ASSERT_TRUE(pve.ok());
+  auto made = RunCommand(absl::StrCat(kBin, "/flashdraft make-tiny-target --out ", root,
+                                      "/data/target --steps 150 --merges 256 --hidden 64 "
+                                      "--layers 4 2>&1"));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const std::string mounts = absl::StrCat("mounts: [{host: ", root, "/data, path: /data}]");
+  const std::string cluster = root + "/cluster.yaml";
+  ASSERT_TRUE(
+      WriteFileAtomically(
+          cluster, absl::StrCat("host: root@pve-test\n"
+                                "template: local:vztmpl/debian-12-standard_12.7-1_amd64."
+                                "tar.zst\nbridge: ",
+                                pve.bridge(), "\npve_config_dir: ", pve.ct_dir(),
+                                "\ncontainers:\n"
+                                "  - {id: 310, role: coordinator, ip: 10.213.6.10/24, ",
+                                mounts, "}\n", "  - {id: 311, role: worker, ip: 10.213.6.11/24}\n",
+                                "  - {id: 312, role: feeder, ip: 10.213.6.12/24, ", mounts, "}\n"))
+          .ok());
+  const absl::StatusOr<std::string> kernel = HostBlasKernel(kBin);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  const std::string job = root + "/job.yaml";
+  ASSERT_TRUE(
+      WriteFileAtomically(job, TinyTargetJobYaml("pvefed", "/data/target", "", 40, *kernel, ""))
+          .ok());
+  auto reference = RunCommand(absl::StrCat(kBin, "/flashdraft launch ", job, " --workers 1 --out ",
+                                           root, "/reference --set target.path=", root,
+                                           "/data/target --set data.jsonl=", root,
+                                           "/data/target/chats.jsonl 2>&1"));
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+
+  const std::string pve_cmd =
+      absl::StrCat("FLASHDRAFT_BIN=", kBin, " ", kSource, "/deploy/proxmox/flashdraft-pve ");
+  const std::string args = absl::StrCat(cluster, " ", job, " --state ", root, "/state");
+  auto deployed = pve.Run(absl::StrCat(pve_cmd, "deploy ", args, " --join-timeout 180"));
+  ASSERT_EQ(deployed.exit_code, 0) << deployed.output;
+  EXPECT_THAT(deployed.output, HasSubstr("1 worker CT(s) and 1 feeder CT(s)"));
+  const std::string unit = "flashdraft-coordinator@pvefed";
+  for (int i = 0; i < 600 && pve.Exec(310, "systemctl is-active " + unit) == "active"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  const std::string journal = pve.Exec(310, "journalctl --no-pager -u " + unit);
+  const std::string feeder_journal =
+      pve.Exec(312, "journalctl --no-pager -u flashdraft-feeder@cpu");
+  EXPECT_EQ(pve.Exec(310, "systemctl show -p Result --value " + unit), "success") << journal;
+  EXPECT_THAT(journal, HasSubstr("feeder 'flashdraft-312-cpu' joined (serving at "
+                                 "10.213.6.12:7700"));
+  EXPECT_THAT(journal, HasSubstr("security: mutual TLS, job token"));
+  EXPECT_THAT(feeder_journal, HasSubstr("security: mutual TLS, job token")) << feeder_journal;
+  EXPECT_EQ(pve.Exec(312, "systemctl show -p NRestarts --value flashdraft-feeder@cpu"), "0")
+      << feeder_journal;
+  const std::string out = absl::StrCat(pve.ct_dir(), "/310/rootfs/var/lib/flashdraft/pvefed");
+  EXPECT_EQ(FirstDifferentStep(ReadSteps(out + "/steps.jsonl"),
+                               ReadSteps(root + "/reference/steps.jsonl")),
+            "")
+      << journal << feeder_journal;
+  EXPECT_TRUE(*ReadFile(out + "/drafter/model.safetensors") ==
+              *ReadFile(root + "/reference/drafter/model.safetensors"));
+  EXPECT_THAT(pve.ContainerFile(310, "/etc/flashdraft/pvefed.yaml"), HasSubstr("min_feeders: 1"));
+
+  auto stop = pve.Run(absl::StrCat(pve_cmd, "stop ", args));
+  EXPECT_EQ(stop.exit_code, 0) << stop.output;
+  EXPECT_EQ(pve.Exec(312, "systemctl is-enabled flashdraft-feeder@cpu"), "disabled");
+}
+
 // `flashdraft-pve deploy --dry-run` of the shipped 1 + 4 GPU example prints exactly what
 // docs/DEPLOY.md shows (bundle ids aside: they are hashes of this build's binaries); the classic
 // cgroup GPU passthrough lines match their golden file; bad cluster files are refused, naming the
@@ -725,14 +814,9 @@ class Podman {
   std::vector<std::string> containers_;
 };
 
-// docker/: the coordinator and worker images built with podman from a Debian bookworm base made
-// here (debootstrap; no registry is reachable), then a secured job run as three containers on a
-// podman network, to the numbers `flashdraft launch` gets on loopback.
-TEST(DeployTest, ContainerImagesTrainAJobOnAPodmanNetwork) {
-  if (std::string why = Podman::Unavailable(); !why.empty()) GTEST_SKIP() << why;
-  TempDir dir;
-  const std::string root = dir.path();
-  Podman podman(root);
+// The three images, tagged `test`, from a Debian bookworm base made here with debootstrap (kept
+// between runs as localhost/flashdraft-test-base:bookworm) and this build's binaries.
+void BuildTestImages(const Podman& podman, const std::string& root) {
   const std::string base = "localhost/flashdraft-test-base:bookworm";
   if (podman.Run("image exists " + base).exit_code != 0) {
     const char* mirror = getenv("FLASHDRAFT_DEBIAN_MIRROR");
@@ -749,39 +833,55 @@ TEST(DeployTest, ContainerImagesTrainAJobOnAPodmanNetwork) {
                                        " --tag test 2>&1"));
   ASSERT_EQ(built.exit_code, 0) << built.output;
   auto tags = podman.Run("images --format '{{.Repository}}:{{.Tag}}'");
-  EXPECT_THAT(tags.output, HasSubstr("localhost/flashdraft-coordinator:test"));
-  EXPECT_THAT(tags.output, HasSubstr("localhost/flashdraft-worker:test"));
+  for (const char* image : {"coordinator", "worker", "feeder"}) {
+    EXPECT_THAT(tags.output, HasSubstr(absl::StrCat("localhost/flashdraft-", image, ":test")));
+  }
   EXPECT_THAT(tags.output, ::testing::Not(HasSubstr("flashdraft-coordinator:latest")));
+}
+
+// The podman test's job, as the containers see it (`at` /etc/flashdraft, listening on 0.0.0.0:7600,
+// one feeder) or as `flashdraft launch` runs it here for the reference (no feeder: the numbers do
+// not depend on who computes the features).
+std::string PodmanJobYaml(const std::string& at, const std::string& out, const std::string& listen,
+                          int feeders, const std::string& kernel) {
+  return TinyTargetJobYaml("podtest", at + "/target", out, 60, kernel,
+                           absl::StrCat("cluster: {listen: '", listen,
+                                        "', max_workers: 2, min_workers: 2, min_feeders: ", feeders,
+                                        "}\n", PkiSecurityYaml(at + "/pki")));
+}
+
+// docker/: the coordinator, worker and feeder images built with podman from a Debian bookworm base
+// made here (debootstrap; no registry is reachable), then a secured job run as four containers on
+// a podman network (a coordinator, a target feeder with its own certificate, two workers that
+// fetch their features from it), to the numbers `flashdraft launch` gets on loopback.
+TEST(DeployTest, ContainerImagesTrainAJobOnAPodmanNetwork) {
+  if (std::string why = Podman::Unavailable(); !why.empty()) GTEST_SKIP() << why;
+  TempDir dir;
+  const std::string root = dir.path();
+  Podman podman(root);
+  BuildTestImages(podman, root);
+  if (HasFatalFailure()) return;
 
   // The job as the containers see it (/etc/flashdraft mounted read-only, files owned by the
-  // images' user), and the same job on this machine for the reference.
+  // images' user), and the same job on this machine for the reference. The feeder's certificate
+  // names the address the workers reach it by.
   const std::string etc = root + "/etc";
-  auto made = RunCommand(absl::StrCat(kBin, "/flashdraft make-shards --out ", etc,
-                                      "/shards --samples 24 --seq 64 --vocab 48 --hidden 32 "
-                                      "--seed 2 && ",
-                                      kSource, "/deploy/make-certs.sh ", etc,
-                                      "/pki --ip 10.213.9.10 && chown -R 10001:10001 ", etc,
-                                      "/pki && mkdir -m 777 ", root, "/out 2>&1"));
+  auto made = RunCommand(absl::StrCat(
+      kBin, "/flashdraft make-tiny-target --out ", etc,
+      "/target --steps 150 --merges 256 --hidden 64 --layers 4 >/dev/null && ", kSource,
+      "/deploy/make-certs.sh ", etc, "/pki --ip 10.213.9.10 --feeder 10.213.9.20 && chown -R ",
+      "10001:10001 ", etc, "/pki && mkdir -m 777 ", root, "/out 2>&1"));
   ASSERT_EQ(made.exit_code, 0) << made.output;
   // Pinned to this machine's own OpenBLAS kernel: the containers inherit no environment from here.
   const absl::StatusOr<std::string> kernel = HostBlasKernel(kBin);
   ASSERT_TRUE(kernel.ok()) << kernel.status();
-  auto job = [&](const std::string& at, const std::string& out, const std::string& listen) {
-    SmallJob j;
-    j.name = "podtest";
-    j.output_dir = out;
-    j.shards_dir = at + "/shards";
-    j.max_steps = 300;
-    j.blas_kernel = *kernel;
-    j.extra = absl::StrCat("cluster: {listen: '", listen, "', max_workers: 2, min_workers: 2}\n",
-                           PkiSecurityYaml(at + "/pki"));
-    return SmallJobYaml(j);
-  };
   ASSERT_TRUE(WriteFileAtomically(etc + "/job.yaml",
-                                  job("/etc/flashdraft", "/var/lib/flashdraft/out", "0.0.0.0:7600"))
+                                  PodmanJobYaml("/etc/flashdraft", "/var/lib/flashdraft/out",
+                                                "0.0.0.0:7600", 1, *kernel))
                   .ok());
   ASSERT_TRUE(
-      WriteFileAtomically(root + "/reference.yaml", job(etc, root + "/reference", "127.0.0.1:0"))
+      WriteFileAtomically(root + "/reference.yaml",
+                          PodmanJobYaml(etc, root + "/reference", "127.0.0.1:0", 0, *kernel))
           .ok());
   auto reference = RunCommand(
       absl::StrCat(kBin, "/flashdraft launch ", root, "/reference.yaml --workers 2 2>&1"));
@@ -796,22 +896,29 @@ TEST(DeployTest, ContainerImagesTrainAJobOnAPodmanNetwork) {
   auto network = podman.Run("network create --subnet 10.213.9.0/24 " + podman.network());
   ASSERT_EQ(network.exit_code, 0) << network.output;
   const std::string id = absl::StrCat(getpid());
-  const std::string mount = absl::StrCat("-v ", etc, ":/etc/flashdraft:ro ");
-  auto c = podman.Start("fdc" + id, absl::StrCat("--network ", podman.network(),
-                                                 " --ip 10.213.9.10 ", mount, "-v ", root,
+  const std::string on_network =
+      absl::StrCat("--network ", podman.network(), " -v ", etc, ":/etc/flashdraft:ro ");
+  auto c = podman.Start("fdc" + id, absl::StrCat(on_network, "--ip 10.213.9.10 -v ", root,
                                                  "/out:/var/lib/flashdraft/out "
                                                  "localhost/flashdraft-coordinator:test"));
   ASSERT_EQ(c.exit_code, 0) << c.output;
   // Both ways the job's kernel reaches a container (docs/DEPLOY.md): the coordinator pins itself
-  // from the job (it starts again with OPENBLAS_CORETYPE), the workers are given it up front.
-  const std::string worker_env =
+  // from the job (it starts again with OPENBLAS_CORETYPE), the workers and the feeder are given it
+  // up front.
+  const std::string kernel_env =
       kernel->empty() ? "" : absl::StrCat("-e OPENBLAS_CORETYPE=", *kernel, " ");
+  const std::string to_coordinator = "-e FLASHDRAFT_COORDINATOR=10.213.9.10:7600 ";
+  auto f = podman.Start(
+      "fdf" + id,
+      absl::StrCat(on_network, "--ip 10.213.9.20 ", kernel_env, to_coordinator,
+                   "-e FLASHDRAFT_FEEDER_CERT=/etc/flashdraft/pki/feeder-10.213.9.20.pem "
+                   "-e FLASHDRAFT_FEEDER_KEY=/etc/flashdraft/pki/feeder-10.213.9.20.key "
+                   "localhost/flashdraft-feeder:test"));
+  ASSERT_EQ(f.exit_code, 0) << f.output;
   for (int w : {1, 2}) {
-    auto started = podman.Start(
-        absl::StrCat("fdw", w, "-", id),
-        absl::StrCat(
-            "--network ", podman.network(), " --ip 10.213.9.1", w, " ", mount, worker_env,
-            "-e FLASHDRAFT_COORDINATOR=10.213.9.10:7600 localhost/flashdraft-worker:test"));
+    auto started = podman.Start(absl::StrCat("fdw", w, "-", id),
+                                absl::StrCat(on_network, "--ip 10.213.9.1", w, " ", kernel_env,
+                                             to_coordinator, "localhost/flashdraft-worker:test"));
     ASSERT_EQ(started.exit_code, 0) << started.output;
   }
   // While it trains: healthy by its HEALTHCHECK (flashdraft status), not root.
@@ -821,8 +928,11 @@ TEST(DeployTest, ContainerImagesTrainAJobOnAPodmanNetwork) {
   EXPECT_EQ(podman.Run("healthcheck run fdc" + id).exit_code, 0)
       << podman.Run("logs fdc" + id).output;
   EXPECT_EQ(podman.Run("exec fdc" + id + " id -u").output, "10001\n");
-  auto waited = podman.Run(absl::StrCat("wait fdc", id, " fdw1-", id, " fdw2-", id));
-  EXPECT_EQ(waited.output, "0\n0\n0\n") << podman.Run("logs fdc" + id).output;
+  auto waited = podman.Run(absl::StrCat("wait fdc", id, " fdf", id, " fdw1-", id, " fdw2-", id));
+  const std::string logs = podman.Run("logs fdc" + id).output;
+  EXPECT_EQ(waited.output, "0\n0\n0\n0\n") << logs << podman.Run("logs fdf" + id).output;
+  EXPECT_THAT(logs, HasSubstr("feeder 'feeder-"));
+  EXPECT_THAT(logs, HasSubstr("joined (serving at 10.213.9.20:7700"));
   EXPECT_EQ(FirstDifferentStep(ReadSteps(root + "/out/steps.jsonl"),
                                ReadSteps(root + "/reference/steps.jsonl")),
             "");

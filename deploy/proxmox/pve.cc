@@ -25,7 +25,7 @@ int Fail(const std::string& command, const absl::Status& s) {
   return 1;
 }
 
-// Every container, then every bundle, then the coordinator's unit and the workers'.
+// Every container, then every bundle, then the coordinator's unit, the feeders' and the workers'.
 std::vector<Step> DeploySteps(const PveDeployment& d) {
   std::vector<Step> steps;
   for (const PveContainer& c : d.cluster.containers) {
@@ -35,6 +35,7 @@ std::vector<Step> DeploySteps(const PveDeployment& d) {
     for (Step& s : PveBundleSteps(d, c)) steps.push_back(std::move(s));
   }
   steps.push_back(PveServiceStep(d, *d.coordinator));
+  for (const PveContainer* f : d.feeders) steps.push_back(PveServiceStep(d, *f));
   for (const PveContainer* w : d.workers) steps.push_back(PveServiceStep(d, *w));
   return steps;
 }
@@ -90,8 +91,10 @@ int Deploy(const PveOptions& o) {
   }
   Runner run(d.cluster.host, o.dry_run);
   std::cout << "# flashdraft-pve deploy: job '" << d.job_name << "' on " << d.cluster.host
-            << ", coordinator CT " << d.coordinator->id << " and " << d.workers.size()
-            << " worker CT(s); commands run on the Proxmox host over ssh\n";
+            << ", coordinator CT " << d.coordinator->id << ", " << d.workers.size()
+            << " worker CT(s)"
+            << (d.feeders.empty() ? "" : absl::StrCat(" and ", d.feeders.size(), " feeder CT(s)"))
+            << "; commands run on the Proxmox host over ssh\n";
   if (absl::Status s = run.Apply(DeploySteps(d)); !s.ok()) return Fail(o.command, s);
   if (o.dry_run) {
     std::cout << "# until every worker has joined (up to " << o.join_timeout_seconds << " s)\n"
@@ -130,13 +133,15 @@ int Status(const PveOptions& o) {
   return r.exit_code == 0 ? 0 : 1;
 }
 
-// One step per container, run or printed: workers first (the coordinator last), or the other way.
+// One step per container, run or printed: workers and feeders first (the coordinator last), or
+// the other way.
 int ApplyPerContainer(const PveOptions& o, bool workers_first,
                       const std::function<Step(const PveDeployment&, const PveContainer&)>& step) {
   absl::StatusOr<PveDeployment> loaded = LoadPveDeployment(o.cluster_path, o.job_path, o.state_dir);
   if (!loaded.ok()) return Fail(o.command, loaded.status());
   const PveDeployment& d = *loaded;
   std::vector<const PveContainer*> order = d.workers;
+  order.insert(order.end(), d.feeders.begin(), d.feeders.end());
   if (workers_first) {
     order.push_back(d.coordinator);
   } else {

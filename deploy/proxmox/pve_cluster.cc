@@ -84,7 +84,7 @@ absl::Status FinishMount(PveMount& m, const std::string& source, const std::stri
 const std::vector<Field<PveContainer>>& ContainerFields() {
   static const auto* fields = new std::vector<Field<PveContainer>>{
       MemberField("id", &PveContainer::id, Between(100, 999999999)),
-      MemberField("role", &PveContainer::role, OneOf({"coordinator", "worker"})),
+      MemberField("role", &PveContainer::role, OneOf({"coordinator", "worker", "feeder"})),
       MemberField("ip", &PveContainer::ip, Ipv4WithPrefix()),
       MemberField("hostname", &PveContainer::hostname, SafeName("", "a host name", 63)),
       MemberField("cores", &PveContainer::cores, Between(1, 8192)),
@@ -101,7 +101,8 @@ absl::Status FinishContainer(PveContainer& c, const std::string& source, const s
   if (c.role.empty()) return FieldError(source, where + ".role", "is required");
   if (c.ip.empty()) return FieldError(source, where + ".ip", "is required");
   if (c.role == "coordinator" && c.gpu >= 0) {
-    return FieldError(source, where + ".gpu", "is for workers only: the coordinator takes no GPU");
+    return FieldError(source, where + ".gpu",
+                      "is for workers and feeders only: the coordinator takes no GPU");
   }
   if (c.hostname.empty()) c.hostname = absl::StrCat("flashdraft-", c.id);
   return absl::OkStatus();
@@ -117,6 +118,7 @@ const std::vector<Field<PveCluster>>& ClusterFields() {
       MemberField("gateway", &PveCluster::gateway, Gateway()),
       MemberField("interface", &PveCluster::interface, SafeName("", "an interface name")),
       MemberField("port", &PveCluster::port, Between(1, 65535)),
+      MemberField("feeder_port", &PveCluster::feeder_port, Between(1, 65535)),
       MemberField("metrics_port", &PveCluster::metrics_port, Between(0, 65535)),
       MemberField("gpu_passthrough", &PveCluster::gpu_passthrough, GpuPassthrough()),
       MemberField("shm_gb", &PveCluster::shm_gb, Between(0, 1 << 20)),
@@ -127,7 +129,8 @@ const std::vector<Field<PveCluster>>& ClusterFields() {
   return *fields;
 }
 
-// One coordinator, at least one worker; ids, addresses, host names and GPUs each used once.
+// One coordinator, at least one worker, any number of feeders; ids, addresses, host names and GPUs
+// each used once.
 absl::Status CheckContainers(const PveCluster& c, const std::string& source) {
   int coordinators = 0, workers = 0;
   std::set<int> ids, gpus;
@@ -135,7 +138,8 @@ absl::Status CheckContainers(const PveCluster& c, const std::string& source) {
   for (size_t i = 0; i < c.containers.size(); ++i) {
     const PveContainer& ct = c.containers[i];
     const std::string where = absl::StrCat("containers[", i, "]");
-    (ct.role == "coordinator" ? coordinators : workers)++;
+    if (ct.role == "coordinator") ++coordinators;
+    if (ct.role == "worker") ++workers;
     if (!ids.insert(ct.id).second) {
       return FieldError(source, where + ".id", absl::StrCat("= ", ct.id, " is used twice"));
     }
@@ -147,8 +151,9 @@ absl::Status CheckContainers(const PveCluster& c, const std::string& source) {
                         absl::StrCat("= ", ct.hostname, " is used twice"));
     }
     if (ct.gpu >= 0 && !gpus.insert(ct.gpu).second) {
-      return FieldError(source, where + ".gpu",
-                        absl::StrCat("= ", ct.gpu, ": GPU ", ct.gpu, " is given to two workers"));
+      return FieldError(
+          source, where + ".gpu",
+          absl::StrCat("= ", ct.gpu, ": GPU ", ct.gpu, " is given to two containers"));
     }
   }
   if (coordinators != 1) {

@@ -18,12 +18,12 @@ struct PveMount {
 
 struct PveContainer {
   int id = 0;
-  std::string role;      // "coordinator" | "worker"
+  std::string role;      // "coordinator" | "worker" | "feeder" (a target feeder)
   std::string ip;        // a.b.c.d/n on the bridge
   std::string hostname;  // default flashdraft-<id>
   int cores = 2;
   int memory_mb = 4096;
-  int gpu = -1;  // workers: the host's /dev/nvidia<gpu>; -1: a CPU worker
+  int gpu = -1;  // workers and feeders: the host's /dev/nvidia<gpu>; -1: on CPUs
   std::vector<PveMount> mounts;
 };
 
@@ -36,6 +36,7 @@ struct PveCluster {
   std::string gateway;
   std::string interface = "eth0";       // the containers' NIC; collective traffic is pinned to it
   int port = 7600;                      // the coordinator's gRPC port
+  int feeder_port = 7700;               // each feeder's FetchShard service (workers fetch there)
   int metrics_port = 9400;              // its /metrics on its bridge address; 0: off
   std::string gpu_passthrough = "dev";  // "dev" (Proxmox 8.2+) | "cgroup" (lxc.cgroup2 + binds)
   int shm_gb = 0;                       // > 0: worker containers' /dev/shm size

@@ -86,10 +86,10 @@ TEST(PveClusterTest, BadClusterFilesAreRefusedNamingTheFieldAndValue) {
       {ok_head + "containers:\n" + coordinator +
            "  - {id: 201, role: worker, ip: 10.0.0.11/24, gpu: 0}\n"
            "  - {id: 202, role: worker, ip: 10.0.0.12/24, gpu: 0}\n",
-       "field 'containers[2].gpu' = 0: GPU 0 is given to two workers"},
+       "field 'containers[2].gpu' = 0: GPU 0 is given to two containers"},
       {ok_head + "containers:\n  - {id: 200, role: coordinator, ip: 10.0.0.10/24, gpu: 0}\n" +
            worker,
-       "field 'containers[0].gpu' is for workers only"},
+       "field 'containers[0].gpu' is for workers and feeders only"},
       {ok_head + "containers:\n  - {role: worker, ip: 10.0.0.11/24}\n",
        "field 'containers[0].id' is required"},
       {ok_head + "containers:\n  - {id: 99, role: worker, ip: 10.0.0.11/24}\n",

@@ -18,7 +18,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string WorkerInstance(const PveContainer& c) {
+// A worker's or a feeder's unit instance: its GPU, or cpu.
+std::string DeviceInstance(const PveContainer& c) {
   return c.gpu >= 0 ? absl::StrCat("gpu", c.gpu) : "cpu";
 }
 
@@ -40,6 +41,9 @@ absl::Status AdaptJob(PveDeployment& d) {
       "security.token_file=" + pki + "/token",
       "security.insecure=false",
   };
+  // Every feeder container is one the job waits for; without any the job keeps its own target.
+  if (!d.feeders.empty())
+    overrides.push_back(absl::StrCat("cluster.min_feeders=", d.feeders.size()));
   if (d.job.cluster.min_workers > static_cast<int>(d.workers.size())) {
     overrides.push_back(absl::StrCat("cluster.min_workers=", d.workers.size()));
   }
@@ -128,14 +132,12 @@ absl::Status EmptyBundleDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
-// flashdraft and the role's binary, without their debug sections (~60 MB -> ~2 MB each) when strip
-// is here; the role's unit, run from the bundle that is current.
-absl::Status CopyProgram(const std::string& dir, bool coordinator, const std::string& bin_dir,
-                         const std::string& deploy_dir) {
+// flashdraft and the role's binary (flashdraft-<role>), without their debug sections (~60 MB ->
+// ~2 MB each) when strip is here; the role's unit, run from the bundle that is current.
+absl::Status CopyProgram(const std::string& dir, const std::string& role,
+                         const std::string& bin_dir, const std::string& deploy_dir) {
   const bool strip = RunShell("command -v strip").exit_code == 0;
-  for (const std::string& b :
-       {std::string("flashdraft"),
-        std::string(coordinator ? "flashdraft-coordinator" : "flashdraft-worker")}) {
+  for (const std::string& b : {std::string("flashdraft"), "flashdraft-" + role}) {
     const std::string from = bin_dir + "/" + b, to = dir + "/bin/" + b;
     if (access(from.c_str(), X_OK) != 0) {
       return absl::NotFoundError(absl::StrCat(from, " not found (build it first)"));
@@ -147,8 +149,7 @@ absl::Status CopyProgram(const std::string& dir, bool coordinator, const std::st
       return absl::InternalError(absl::StrCat("copying ", from, ": ", r.output));
     }
   }
-  const std::string unit_file =
-      coordinator ? "flashdraft-coordinator@.service" : "flashdraft-worker@.service";
+  const std::string unit_file = absl::StrCat("flashdraft-", role, "@.service");
   FD_ASSIGN_OR_RETURN(std::string unit, ReadFile(deploy_dir + "/systemd/" + unit_file));
   return WriteMode(
       dir + "/systemd/" + unit_file,
@@ -156,33 +157,65 @@ absl::Status CopyProgram(const std::string& dir, bool coordinator, const std::st
       0644);
 }
 
-// The role's configuration in etc/ and the pieces of the job's PKI it needs in etc/pki.
-absl::Status WriteRoleConfig(const PveDeployment& d, const PveContainer& c,
-                             const std::string& dir) {
-  std::vector<std::string> pki_files = {"ca.pem", "token", "worker.pem", "worker.key"};
+// A worker's or feeder's per-device settings (etc/<role>-<gpuN|cpu>.env): the collective's
+// interface, and the one GPU the container sees.
+absl::Status WriteDeviceEnv(const PveDeployment& d, const PveContainer& c, const std::string& dir) {
+  std::string env = absl::StrCat("NCCL_SOCKET_IFNAME=", d.cluster.interface,
+                                 "\nGLOO_SOCKET_IFNAME=", d.cluster.interface, "\n");
+  // The container sees only its own GPU (one device node passed through): CUDA's device 0.
+  if (c.gpu >= 0) absl::StrAppend(&env, "CUDA_VISIBLE_DEVICES=0\n");
+  return WriteMode(absl::StrCat(dir, "/etc/", c.role, "-", DeviceInstance(c), ".env"), env, 0600);
+}
+
+// etc/feeder.env: the coordinator, the job's target (at target.path: the container mounts it),
+// the service workers fetch from under the feeder's own certificate, which is also its client
+// certificate toward the coordinator.
+absl::Status WriteFeederEnv(const PveDeployment& d, const PveContainer& c, const std::string& dir) {
+  const std::string address = PveAddress(c.ip);
+  const std::string cert = absl::StrCat(kPvePki, "/feeder-", address);
+  return WriteMode(dir + "/etc/feeder.env",
+                   absl::StrCat("FLASHDRAFT_COORDINATOR=", PveCoordinatorAddress(d), "\n",
+                                "FLASHDRAFT_TARGET=", d.job.target.path, "\n",
+                                "FLASHDRAFT_FEEDER_ARGS=--listen 0.0.0.0:", d.cluster.feeder_port,
+                                " --advertise ", address, ":", d.cluster.feeder_port, " --tls-ca ",
+                                kPvePki, "/ca.pem --tls-cert ", cert, ".pem --tls-key ", cert,
+                                ".key --serve-tls-cert ", cert, ".pem --serve-tls-key ", cert,
+                                ".key --token-file ", kPvePki, "/token\n", BlasKernelEnv(d.job)),
+                   0600);
+}
+
+// The role's configuration in etc/; the names of the pieces of the job's PKI it needs.
+absl::StatusOr<std::vector<std::string>> WriteRoleEnv(const PveDeployment& d, const PveContainer& c,
+                                                      const std::string& dir) {
   if (c.role == "coordinator") {
-    pki_files.push_back("coordinator.pem");
-    pki_files.push_back("coordinator.key");
     FD_RETURN_IF_ERROR(
         WriteMode(absl::StrCat(dir, "/etc/", d.job_name, ".yaml"), JobConfigToYaml(d.job), 0600));
     FD_RETURN_IF_ERROR(
         WriteMode(absl::StrCat(dir, "/etc/", d.job_name, ".env"),
                   absl::StrCat("FLASHDRAFT_COORDINATOR_ARGS=\n", BlasKernelEnv(d.job)), 0600));
-  } else {
-    FD_RETURN_IF_ERROR(WriteMode(
-        dir + "/etc/worker.env",
-        absl::StrCat("FLASHDRAFT_COORDINATOR=", PveCoordinatorAddress(d), "\n",
-                     "FLASHDRAFT_WORKER_ARGS=--tls-ca ", kPvePki, "/ca.pem --tls-cert ", kPvePki,
-                     "/worker.pem --tls-key ", kPvePki, "/worker.key --token-file ", kPvePki,
-                     "/token\n", BlasKernelEnv(d.job)),
-        0600));
-    std::string env = absl::StrCat("NCCL_SOCKET_IFNAME=", d.cluster.interface,
-                                   "\nGLOO_SOCKET_IFNAME=", d.cluster.interface, "\n");
-    // The container sees only its own GPU (one device node passed through): CUDA's device 0.
-    if (c.gpu >= 0) absl::StrAppend(&env, "CUDA_VISIBLE_DEVICES=0\n");
-    FD_RETURN_IF_ERROR(
-        WriteMode(absl::StrCat(dir, "/etc/worker-", WorkerInstance(c), ".env"), env, 0600));
+    return std::vector<std::string>{"ca.pem",     "token",           "worker.pem",
+                                    "worker.key", "coordinator.pem", "coordinator.key"};
   }
+  FD_RETURN_IF_ERROR(WriteDeviceEnv(d, c, dir));
+  if (c.role == "feeder") {
+    FD_RETURN_IF_ERROR(WriteFeederEnv(d, c, dir));
+    const std::string cert = "feeder-" + PveAddress(c.ip);
+    return std::vector<std::string>{"ca.pem", "token", cert + ".pem", cert + ".key"};
+  }
+  FD_RETURN_IF_ERROR(WriteMode(
+      dir + "/etc/worker.env",
+      absl::StrCat("FLASHDRAFT_COORDINATOR=", PveCoordinatorAddress(d), "\n",
+                   "FLASHDRAFT_WORKER_ARGS=--tls-ca ", kPvePki, "/ca.pem --tls-cert ", kPvePki,
+                   "/worker.pem --tls-key ", kPvePki, "/worker.key --token-file ", kPvePki,
+                   "/token\n", BlasKernelEnv(d.job)),
+      0600));
+  return std::vector<std::string>{"ca.pem", "token", "worker.pem", "worker.key"};
+}
+
+// The role's configuration in etc/ and the pieces of the job's PKI it needs in etc/pki.
+absl::Status WriteRoleConfig(const PveDeployment& d, const PveContainer& c,
+                             const std::string& dir) {
+  FD_ASSIGN_OR_RETURN(const std::vector<std::string> pki_files, WriteRoleEnv(d, c, dir));
   for (const std::string& f : pki_files) {
     FD_ASSIGN_OR_RETURN(std::string content, ReadFile(d.state_dir + "/pki/" + f));
     FD_RETURN_IF_ERROR(WriteMode(dir + "/etc/pki/" + f, content, 0600));
@@ -213,7 +246,7 @@ absl::Status MakeBundle(PveDeployment& d, const PveContainer& c, const std::stri
                         const std::string& deploy_dir) {
   const std::string dir = absl::StrCat(d.state_dir, "/bundles/ct", c.id);
   FD_RETURN_IF_ERROR(EmptyBundleDir(dir));
-  FD_RETURN_IF_ERROR(CopyProgram(dir, c.role == "coordinator", bin_dir, deploy_dir));
+  FD_RETURN_IF_ERROR(CopyProgram(dir, c.role, bin_dir, deploy_dir));
   FD_RETURN_IF_ERROR(WriteRoleConfig(d, c, dir));
   FD_RETURN_IF_ERROR(WriteMode(dir + "/install.sh", InstallScript(PveUnit(d, c)), 0755));
   // What the binaries need at run time (Debian package names), for a container without them.
@@ -227,7 +260,7 @@ absl::Status MakeBundle(PveDeployment& d, const PveContainer& c, const std::stri
 
 std::string PveUnit(const PveDeployment& d, const PveContainer& c) {
   return c.role == "coordinator" ? absl::StrCat("flashdraft-coordinator@", d.job_name)
-                                 : absl::StrCat("flashdraft-worker@", WorkerInstance(c));
+                                 : absl::StrCat("flashdraft-", c.role, "@", DeviceInstance(c));
 }
 
 std::string PveCoordinatorAddress(const PveDeployment& d) {
@@ -241,11 +274,9 @@ absl::StatusOr<PveDeployment> LoadPveDeployment(const std::string& cluster_path,
   FD_ASSIGN_OR_RETURN(std::string text, ReadFile(cluster_path));
   FD_ASSIGN_OR_RETURN(d.cluster, ParsePveCluster(text, cluster_path));
   for (const PveContainer& c : d.cluster.containers) {
-    if (c.role == "coordinator") {
-      d.coordinator = &c;
-    } else {
-      d.workers.push_back(&c);
-    }
+    if (c.role == "coordinator") d.coordinator = &c;
+    if (c.role == "worker") d.workers.push_back(&c);
+    if (c.role == "feeder") d.feeders.push_back(&c);
   }
   FD_ASSIGN_OR_RETURN(d.job, LoadJobConfig(job_path));
   d.job_name = d.job.name;
@@ -273,10 +304,13 @@ absl::Status BuildPveBundles(PveDeployment& d, const std::string& deploy_dir,
     return absl::InternalError(absl::StrCat("cannot create ", d.state_dir, ": ", ec.message()));
   }
   chmod(d.state_dir.c_str(), 0700);  // the job's keys and secret are in here
-  // The coordinator's certificate names its address.
-  ShellResult certs = RunShell(
+  // The coordinator's certificate names its address, each feeder's the address workers fetch from.
+  std::string make_certs =
       absl::StrCat(ShellWord(deploy_dir + "/make-certs.sh"), " ", ShellWord(d.state_dir + "/pki"),
-                   " --ip ", PveAddress(d.coordinator->ip), " --name ", d.coordinator->hostname));
+                   " --ip ", PveAddress(d.coordinator->ip), " --name ", d.coordinator->hostname);
+  for (const PveContainer* f : d.feeders)
+    absl::StrAppend(&make_certs, " --feeder ", PveAddress(f->ip));
+  ShellResult certs = RunShell(make_certs);
   if (certs.exit_code != 0) {
     return absl::InternalError("deploy/make-certs.sh failed:\n" + certs.output);
   }

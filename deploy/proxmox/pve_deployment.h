@@ -20,8 +20,8 @@ inline constexpr char kPveHostCache[] = "/var/tmp/flashdraft";
 
 struct PveDeployment {
   PveDeployment() = default;
-  // Moves only: coordinator and workers point into cluster.containers, whose elements a move of
-  // the vector keeps where they are and a copy would not.
+  // Moves only: coordinator, workers and feeders point into cluster.containers, whose elements a
+  // move of the vector keeps where they are and a copy would not.
   PveDeployment(PveDeployment&&) = default;
   PveDeployment& operator=(PveDeployment&&) = default;
   PveDeployment(const PveDeployment&) = delete;
@@ -33,7 +33,8 @@ struct PveDeployment {
   std::string state_dir;
   const PveContainer* coordinator = nullptr;  // in cluster.containers
   std::vector<const PveContainer*> workers;
-  std::map<int, std::string> bundle;  // container id -> bundle id ("ct201-<sha256 prefix>")
+  std::vector<const PveContainer*> feeders;  // target feeders (cluster.min_feeders of the job)
+  std::map<int, std::string> bundle;         // container id -> bundle id ("ct201-<sha256 prefix>")
 };
 
 // Reads and checks the cluster file and the job as the containers will run it, before anything is
@@ -47,8 +48,8 @@ absl::StatusOr<PveDeployment> LoadPveDeployment(const std::string& cluster_path,
 absl::Status BuildPveBundles(PveDeployment& d, const std::string& deploy_dir,
                              const std::string& bin_dir);
 
-// The systemd unit container `c` runs: flashdraft-coordinator@<job> or
-// flashdraft-worker@<gpuN|cpu>.
+// The systemd unit container `c` runs: flashdraft-coordinator@<job>,
+// flashdraft-worker@<gpuN|cpu> or flashdraft-feeder@<gpuN|cpu>.
 std::string PveUnit(const PveDeployment& d, const PveContainer& c);
 
 // The coordinator's gRPC address on the bridge.

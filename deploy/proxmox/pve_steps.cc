@@ -146,13 +146,15 @@ std::vector<Step> PveBundleSteps(const PveDeployment& d, const PveContainer& c) 
 Step PveServiceStep(const PveDeployment& d, const PveContainer& c) {
   const std::string unit = PveUnit(d, c);
   std::string check = PctExec(c.id, "systemctl is-enabled --quiet " + unit);
-  if (c.role == "worker") {
+  // A worker or feeder runs while its coordinator does (and has ended with the job).
+  const bool follows = c.role != "coordinator";
+  if (follows) {
     check = absl::StrCat(
         PctExec(c.id, "systemctl is-active --quiet " + unit), " || ! ",
         PctExec(d.coordinator->id, "systemctl is-active --quiet " + PveUnit(d, *d.coordinator)));
   }
-  return {absl::StrCat("CT ", c.id, ": ", unit, c.role == "worker" ? " running" : " enabled"),
-          check, PctExec(c.id, "systemctl enable --now --quiet " + unit)};
+  return {absl::StrCat("CT ", c.id, ": ", unit, follows ? " running" : " enabled"), check,
+          PctExec(c.id, "systemctl enable --now --quiet " + unit)};
 }
 
 Step PveStopStep(const PveDeployment& d, const PveContainer& c) {

@@ -21,11 +21,9 @@ PveDeployment Deployment(const std::string& yaml) {
   EXPECT_TRUE(cluster.ok()) << cluster.status();
   d.cluster = *cluster;
   for (const PveContainer& c : d.cluster.containers) {
-    if (c.role == "coordinator") {
-      d.coordinator = &c;
-    } else {
-      d.workers.push_back(&c);
-    }
+    if (c.role == "coordinator") d.coordinator = &c;
+    if (c.role == "worker") d.workers.push_back(&c);
+    if (c.role == "feeder") d.feeders.push_back(&c);
   }
   d.job_name = "demo";
   d.state_dir = "/state";
@@ -43,6 +41,31 @@ std::vector<std::string> Whats(const std::vector<Step>& steps) {
   std::vector<std::string> out;
   for (const Step& s : steps) out.push_back(s.what);
   return out;
+}
+
+TEST(PveStepsTest, AFeederGetsItsGpuItsUnitAndRunsWhileTheCoordinatorDoes) {
+  const PveDeployment d =
+      Deployment(std::string(kCluster) + "  - {id: 203, role: feeder, ip: 10.0.0.13/24, gpu: 2}\n");
+  ASSERT_EQ(d.feeders.size(), 1u);
+  const PveContainer& f = *d.feeders[0];
+  EXPECT_EQ(PveUnit(d, f), "flashdraft-feeder@gpu2");
+  // Its GPU, but no /dev/shm of the workers' size (that is NCCL's, between workers).
+  EXPECT_EQ(Whats(PveGpuSteps(d, f)), std::vector<std::string>{"CT 203: GPU 2 (device entries)"});
+  const Step service = PveServiceStep(d, f);
+  EXPECT_EQ(service.what, "CT 203: flashdraft-feeder@gpu2 running");
+  EXPECT_THAT(service.check, HasSubstr("systemctl is-active --quiet flashdraft-feeder@gpu2"));
+  EXPECT_THAT(service.check, HasSubstr("flashdraft-coordinator@demo"));
+  // A GPU is given to one container, worker or feeder.
+  EXPECT_FALSE(ParsePveCluster(std::string(kCluster) +
+                                   "  - {id: 203, role: feeder, ip: 10.0.0.13/24, gpu: 1}\n",
+                               "c.yaml")
+                   .ok());
+  // Feeders alone do not train: a worker is still needed.
+  EXPECT_FALSE(ParsePveCluster("host: root@pve1\ntemplate: t\ncontainers:\n"
+                               "  - {id: 200, role: coordinator, ip: 10.0.0.10/24}\n"
+                               "  - {id: 203, role: feeder, ip: 10.0.0.13/24}\n",
+                               "c.yaml")
+                   .ok());
 }
 
 TEST(PveStepsTest, AContainerIsCreatedConfiguredAndStartedInOrder) {
