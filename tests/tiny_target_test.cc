@@ -227,5 +227,53 @@ eval: {every_steps: 12, prompts: )",
                                     "CUDA device"));
 }
 
+// data.regenerate: the target's replies are kept in the job's output folder; a job that starts
+// with them there reads them instead of regenerating (the same bits), and a changed data file
+// starts them over.
+TEST(OnlineTargetTest, RegeneratedRepliesAreKeptForTheNextStart) {
+  TempDir dir;
+  auto made =
+      RunCommand(absl::StrCat(kCli, " make-tiny-target --out ", dir.Join("tiny"),
+                              " --steps 40 --merges 128 --hidden 64 --layers 2 && head -n 12 ",
+                              dir.Join("tiny/chats.jsonl"), " >", dir.Join("chats.jsonl")));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("job.yaml"),
+                                  absl::StrCat("target: {path: ", dir.Join("tiny"),
+                                               ", layer_ids: [0, 1]}\n"
+                                               "drafter: {num_hidden_layers: 1, block_size: 8, "
+                                               "num_target_features: 2, max_anchors: 16}\n"
+                                               "data: {source: target, jsonl: ",
+                                               dir.Join("chats.jsonl"),
+                                               ", regenerate: true, max_new_tokens: 12}\n"
+                                               "train: {max_steps: 3, global_batch_size: 4}\n"))
+                  .ok());
+  auto launch = [&](const std::string& out) {
+    return RunCommand(absl::StrCat(kCli, " launch ", dir.Join("job.yaml"), " --workers 1 --out ",
+                                   dir.Join(out), " 2>&1"));
+  };
+  auto first = launch("a");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_THAT(first.output, ::testing::Not(HasSubstr("not regenerated again")));
+  const std::string kept = dir.Join("a/regenerated-replies.bin");
+  ASSERT_TRUE(std::filesystem::exists(kept)) << first.output;
+  std::filesystem::create_directories(dir.Join("b"));
+  std::filesystem::copy_file(kept, dir.Join("b/regenerated-replies.bin"));
+  auto second = launch("b");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_THAT(second.output, HasSubstr("12 line(s) read from"));
+  EXPECT_TRUE(*ReadFile(dir.Join("a/drafter/model.safetensors")) ==
+              *ReadFile(dir.Join("b/drafter/model.safetensors")));
+  // Another data file: the kept replies are not used.
+  const std::string chats = *ReadFile(dir.Join("chats.jsonl"));
+  ASSERT_TRUE(
+      WriteFileAtomically(dir.Join("chats.jsonl"), chats + chats.substr(0, chats.find('\n') + 1))
+          .ok());
+  std::filesystem::create_directories(dir.Join("c"));
+  std::filesystem::copy_file(kept, dir.Join("c/regenerated-replies.bin"));
+  auto changed = launch("c");
+  EXPECT_THAT(changed.output, HasSubstr("made for another target, data file or settings"));
+  EXPECT_THAT(changed.output, ::testing::Not(HasSubstr("not regenerated again")));
+}
+
 }  // namespace
 }  // namespace flashdraft

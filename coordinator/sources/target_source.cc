@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/progress.h"
 #include "common/status_macros.h"
+#include "common/target_fingerprint.h"
 #include "glog/logging.h"
 #include "model/chat_data.h"
 #include "model/target_model.h"
@@ -30,10 +31,47 @@ absl::StatusOr<std::unique_ptr<TargetModelSource>> TargetModelSource::Open(
   return s;
 }
 
+absl::StatusOr<std::unique_ptr<RegenerationCache>> TargetModelSource::OpenRegenerationCache()
+    const {
+  const TargetSourceOptions& o = options_;
+  if (!o.regenerate || o.regeneration_cache.empty()) return nullptr;
+  FD_ASSIGN_OR_RETURN(const TargetFingerprintValue fingerprint,
+                      FingerprintTarget(o.target.target_dir));
+  const std::string key =
+      RegenerationKey(absl::StrCat(fingerprint.config_sha256, "/", fingerprint.tensors_sha256),
+                      o.data_jsonl, o.max_new_tokens,
+                      o.tokenizer.empty() ? o.target.target_dir + "/tokenizer.json" : o.tokenizer);
+  FD_ASSIGN_OR_RETURN(std::unique_ptr<RegenerationCache> cache,
+                      RegenerationCache::Open(o.regeneration_cache, key));
+  if (!cache->note().empty()) LOG(WARNING) << "regenerated replies: " << cache->note();
+  if (cache->size() > 0) {
+    LOG(INFO) << "regenerated replies: " << cache->size() << " line(s) read from "
+              << o.regeneration_cache << " (not regenerated again)";
+  }
+  return cache;
+}
+
+absl::Status TargetModelSource::ParseLine(ChatLineReader& reader, RegenerationCache* cache,
+                                          const std::string& line, int64_t line_no,
+                                          std::vector<int64_t>& ids, std::vector<int64_t>& mask) {
+  const int64_t vocab = features_->model().config().vocab_size;
+  bool is_chat = false;
+  FD_RETURN_IF_ERROR(reader.Parse(line, vocab, /*regenerate=*/false, ids, mask, &is_chat));
+  if (!is_chat || !options_.regenerate) return absl::OkStatus();
+  if (const RegenerationCache::Entry* kept = cache ? cache->Find(line_no) : nullptr) {
+    ids = kept->ids;
+    mask = kept->mask;
+    return absl::OkStatus();
+  }
+  FD_RETURN_IF_ERROR(reader.Parse(line, vocab, /*regenerate=*/true, ids, mask, &is_chat));
+  return cache ? cache->Append(line_no, ids, mask) : absl::OkStatus();
+}
+
 absl::Status TargetModelSource::Tokenize() {
   const TargetSourceOptions& o = options_;
   std::ifstream in(o.data_jsonl);
   if (!in) return absl::NotFoundError(absl::StrCat(o.data_jsonl, ": cannot open"));
+  FD_ASSIGN_OR_RETURN(std::unique_ptr<RegenerationCache> cache, OpenRegenerationCache());
   std::error_code size_error;
   const auto size = std::filesystem::file_size(o.data_jsonl, size_error);
   const double bytes = size_error ? 0.0 : static_cast<double>(size);
@@ -42,19 +80,13 @@ absl::Status TargetModelSource::Tokenize() {
       absl::StrCat(o.regenerate ? "tokenizing and regenerating " : "tokenizing ", o.data_jsonl),
       bytes, "B");
   ChatLineReader reader({o.target.target_dir, o.tokenizer, o.max_new_tokens}, features_->model());
-  const int64_t vocab = features_->model().config().vocab_size;
   std::string line;
   int64_t line_no = 0;
   std::vector<int64_t> ids, mask;
   while (std::getline(in, line)) {
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    bool is_chat = false;
-    absl::Status st = reader.Parse(line, vocab, /*regenerate=*/false, ids, mask, &is_chat);
-    if (st.ok() && is_chat && o.regenerate) {
-      st = reader.Parse(line, vocab, /*regenerate=*/true, ids, mask, &is_chat);
-    }
-    if (!st.ok()) {
+    if (absl::Status st = ParseLine(reader, cache.get(), line, line_no, ids, mask); !st.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(o.data_jsonl, ":", line_no, ": ", st.message()));
     }
@@ -179,8 +211,11 @@ absl::StatusOr<SourceBundle> OpenTargetSource(const JobConfig& j) {
   o.data_jsonl = j.data.jsonl;
   o.regenerate = j.data.regenerate;
   o.max_new_tokens = j.data.max_new_tokens;
+  o.regeneration_cache = j.output_dir + "/regenerated-replies.bin";
   o.max_cached = static_cast<size_t>(std::max(1, j.data.prefetch_steps + 1) *
                                      std::max(1, j.train.global_batch_size));
+  std::error_code ec;
+  std::filesystem::create_directories(j.output_dir, ec);
   FD_ASSIGN_OR_RETURN(std::unique_ptr<TargetModelSource> source, TargetModelSource::Open(o));
   const TargetModel& model = source->model();
   SourceBundle b;
@@ -189,8 +224,6 @@ absl::StatusOr<SourceBundle> OpenTargetSource(const JobConfig& j) {
   b.drafter_config_label = j.target.path + "/config.json";
   b.label = absl::StrCat("target ", j.target.path, " (online)");
   // The frozen tensors the workers fetch, as the offline path stores them.
-  std::error_code ec;
-  std::filesystem::create_directories(j.output_dir, ec);
   b.target_tensors_path = j.output_dir + "/target.safetensors";
   FD_RETURN_IF_ERROR(WriteFrozenTargetTensors(model, b.target_tensors_path));
   b.source = std::move(source);

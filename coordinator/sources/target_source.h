@@ -19,9 +19,12 @@
 #include "absl/synchronization/mutex.h"
 #include "common/job_config.h"
 #include "coordinator/sources/hidden_state_source.h"
+#include "coordinator/sources/regeneration_cache.h"
 #include "coordinator/sources/target_features.h"
 
 namespace flashdraft {
+
+class ChatLineReader;
 
 struct TargetSourceOptions {
   TargetFeatureOptions target;  // the model and its features (TargetFeatureOptionsFor)
@@ -29,6 +32,9 @@ struct TargetSourceOptions {
   std::string tokenizer;    // empty: <target.target_dir>/tokenizer.json
   bool regenerate = false;  // assistant turns become the target's greedy answers at open
   int64_t max_new_tokens = 256;
+  // With regenerate: the file the replies are kept in (regeneration_cache.h), so that opening
+  // the same job again reads them instead of answering every prompt again. Empty: not kept.
+  std::string regeneration_cache;
   int threads = 1;          // background forward threads
   size_t max_cached = 256;  // samples computed ahead at most
 };
@@ -57,6 +63,12 @@ class TargetModelSource : public HiddenStateSource {
   // Reads and tokenizes options_.data_jsonl into ids_ and masks_ (regenerating replies with
   // data.regenerate); an error names the file and line.
   absl::Status Tokenize();
+  // One data line into `ids` and `mask`, regenerated (and kept in `cache`, or read from it) when
+  // the job regenerates and the line is a chat.
+  absl::Status ParseLine(ChatLineReader& reader, RegenerationCache* cache, const std::string& line,
+                         int64_t line_no, std::vector<int64_t>& ids, std::vector<int64_t>& mask);
+  // The cache of options_.regeneration_cache for this target and data (null: none).
+  absl::StatusOr<std::unique_ptr<RegenerationCache>> OpenRegenerationCache() const;
   TargetModelSource() = default;
   absl::StatusOr<std::vector<uint8_t>> Compute(uint64_t index) const;
   void BackgroundLoop() const ABSL_LOCKS_EXCLUDED(mu_);

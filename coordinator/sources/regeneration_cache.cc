@@ -1,0 +1,154 @@
+#include "coordinator/sources/regeneration_cache.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "common/file_util.h"
+
+namespace flashdraft {
+namespace {
+
+constexpr char kMagic[] = "FDREGEN1";
+constexpr size_t kMagicSize = 8;
+constexpr size_t kMaxKey = 1 << 16;
+// u64 line, u32 n; then the CRC.
+constexpr size_t kRecordHead = 12;
+
+template <typename T>
+T Load(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+template <typename T>
+void Put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+std::string Header(const std::string& key) {
+  std::string h(kMagic, kMagicSize);
+  Put<uint32_t>(h, static_cast<uint32_t>(key.size()));
+  h += key;
+  return h;
+}
+
+}  // namespace
+
+std::string RegenerationKey(const std::string& target_fingerprint, const std::string& data_path,
+                            int64_t max_new_tokens, const std::string& tokenizer) {
+  // The data file's CRC, read in pieces (a real data set is gigabytes).
+  std::ifstream in(data_path, std::ios::binary);
+  std::vector<char> buffer(1 << 20);
+  uint32_t crc = 0;
+  uint64_t bytes = 0;
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    crc = Crc32cExtend(crc, buffer.data(), static_cast<size_t>(in.gcount()));
+    bytes += static_cast<uint64_t>(in.gcount());
+  }
+  return absl::StrCat("target ", target_fingerprint, "; data ", bytes, " bytes, crc32c ",
+                      absl::Hex(crc, absl::kZeroPad8), "; max_new_tokens ", max_new_tokens,
+                      "; tokenizer ", tokenizer);
+}
+
+absl::StatusOr<std::unique_ptr<RegenerationCache>> RegenerationCache::Open(const std::string& path,
+                                                                           const std::string& key) {
+  if (key.size() > kMaxKey) return absl::InvalidArgumentError("regeneration key too long");
+  std::unique_ptr<RegenerationCache> c(new RegenerationCache());
+  c->path_ = path;
+  const std::string header = Header(key);
+  size_t end = 0;
+  if (std::filesystem::exists(path)) {
+    absl::StatusOr<std::string> data = ReadFile(path);
+    if (!data.ok()) return data.status();
+    if (data->compare(0, header.size(), header) == 0) {
+      c->ReadRecords(*data, header.size(), &end);
+      if (end < data->size()) {
+        c->note_ = absl::StrCat(path, ": ", data->size() - end,
+                                " byte(s) after the last whole record dropped (an interrupted "
+                                "write); regeneration goes on from there");
+      }
+    } else {
+      c->note_ = absl::StrCat(path,
+                              ": made for another target, data file or settings; started "
+                              "over");
+    }
+  }
+  if (end == 0) {
+    if (absl::Status s = WriteFileAtomically(path, header); !s.ok()) return s;
+    end = header.size();
+  }
+  if (truncate(path.c_str(), static_cast<off_t>(end)) != 0) {
+    return absl::InternalError(absl::StrCat(path, ": cannot truncate: ", std::strerror(errno)));
+  }
+  c->file_ = std::fopen(path.c_str(), "ab");
+  if (c->file_ == nullptr) {
+    return absl::InternalError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  }
+  return c;
+}
+
+void RegenerationCache::ReadRecords(const std::string& data, size_t offset, size_t* end) {
+  *end = offset;
+  while (data.size() - offset >= kRecordHead + 4) {
+    const char* p = data.data() + offset;
+    const int64_t line = static_cast<int64_t>(Load<uint64_t>(p));
+    const uint64_t n = Load<uint32_t>(p + 8);
+    // 9 bytes per token, then the CRC: checked against what is left before anything is copied.
+    const uint64_t body = n * 9;
+    if (body > data.size() - offset - kRecordHead - 4) return;
+    const size_t size = kRecordHead + body;
+    if (Load<uint32_t>(p + size) != Crc32c(p, size)) return;
+    Entry e;
+    e.ids.resize(n);
+    std::memcpy(e.ids.data(), p + kRecordHead, n * 8);
+    e.mask.resize(n);
+    for (uint64_t i = 0; i < n; ++i) e.mask[i] = static_cast<uint8_t>(p[kRecordHead + n * 8 + i]);
+    entries_[line] = std::move(e);
+    offset += size + 4;
+    *end = offset;
+  }
+}
+
+RegenerationCache::~RegenerationCache() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+const RegenerationCache::Entry* RegenerationCache::Find(int64_t line_no) const {
+  auto it = entries_.find(line_no);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+absl::Status RegenerationCache::Append(int64_t line_no, const std::vector<int64_t>& ids,
+                                       const std::vector<int64_t>& mask) {
+  if (ids.size() != mask.size() || ids.size() > UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("regenerated line ", line_no, ": ", ids.size(),
+                                                   " ids and ", mask.size(), " mask values"));
+  }
+  for (int64_t m : mask) {
+    if (m != 0 && m != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("regenerated line ", line_no, ": a loss mask value of ", m));
+    }
+  }
+  std::string record;
+  Put<uint64_t>(record, static_cast<uint64_t>(line_no));
+  Put<uint32_t>(record, static_cast<uint32_t>(ids.size()));
+  record.append(reinterpret_cast<const char*>(ids.data()), ids.size() * 8);
+  for (int64_t m : mask) record.push_back(static_cast<char>(m));
+  Put<uint32_t>(record, Crc32c(record.data(), record.size()));
+  if (std::fwrite(record.data(), 1, record.size(), file_) != record.size() ||
+      std::fflush(file_) != 0) {
+    return absl::InternalError(absl::StrCat(path_, ": cannot write: ", std::strerror(errno)));
+  }
+  entries_[line_no] = Entry{ids, mask};
+  return absl::OkStatus();
+}
+
+}  // namespace flashdraft

@@ -1,0 +1,95 @@
+#include "coordinator/sources/regeneration_cache.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "common/file_util.h"
+#include "tests/support/test_util.h"
+
+namespace flashdraft {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(RegenerationCacheTest, RecordsSurviveReopeningAndAnotherKeyStartsOver) {
+  testing::TempDir dir;
+  const std::string path = dir.Join("regenerated-replies.bin");
+  {
+    auto cache = RegenerationCache::Open(path, "key A");
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    EXPECT_EQ((*cache)->size(), 0u);
+    EXPECT_EQ((*cache)->note(), "");
+    ASSERT_TRUE((*cache)->Append(3, {5, 6, 7}, {0, 1, 1}).ok());
+    ASSERT_TRUE((*cache)->Append(9, {}, {}).ok());
+    EXPECT_FALSE((*cache)->Append(10, {1, 2}, {1}).ok());  // lengths differ
+    EXPECT_FALSE((*cache)->Append(11, {1}, {2}).ok());     // a mask is 0 or 1
+  }
+  {
+    auto cache = RegenerationCache::Open(path, "key A");
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    ASSERT_EQ((*cache)->size(), 2u);
+    const RegenerationCache::Entry* e = (*cache)->Find(3);
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->ids, (std::vector<int64_t>{5, 6, 7}));
+    EXPECT_EQ(e->mask, (std::vector<int64_t>{0, 1, 1}));
+    EXPECT_NE((*cache)->Find(9), nullptr);
+    EXPECT_EQ((*cache)->Find(4), nullptr);
+    ASSERT_TRUE((*cache)->Append(4, {8}, {1}).ok());
+  }
+  EXPECT_EQ((*RegenerationCache::Open(path, "key A"))->size(), 3u);
+  auto other = RegenerationCache::Open(path, "key B");
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ((*other)->size(), 0u);
+  EXPECT_THAT((*other)->note(), HasSubstr("started over"));
+}
+
+TEST(RegenerationCacheTest, AnInterruptedOrCorruptRecordEndsWhatIsRead) {
+  testing::TempDir dir;
+  const std::string path = dir.Join("r.bin");
+  {
+    auto cache = RegenerationCache::Open(path, "k");
+    ASSERT_TRUE(cache.ok());
+    ASSERT_TRUE((*cache)->Append(1, {1, 2}, {1, 1}).ok());
+    ASSERT_TRUE((*cache)->Append(2, {3, 4}, {1, 0}).ok());
+  }
+  const std::string whole = *ReadFile(path);
+  // Cut inside the second record: the first is kept, the rest dropped, and appending goes on.
+  ASSERT_TRUE(WriteFileAtomically(path, whole.substr(0, whole.size() - 5)).ok());
+  {
+    auto cache = RegenerationCache::Open(path, "k");
+    ASSERT_TRUE(cache.ok());
+    EXPECT_EQ((*cache)->size(), 1u);
+    EXPECT_THAT((*cache)->note(), HasSubstr("dropped"));
+    ASSERT_TRUE((*cache)->Append(2, {3, 4}, {1, 0}).ok());
+  }
+  EXPECT_EQ(*ReadFile(path), whole);
+  // A flipped bit in the first record: nothing is taken from the file.
+  std::string flipped = whole;
+  flipped[flipped.size() / 2] ^= 0x10;
+  ASSERT_TRUE(WriteFileAtomically(path, flipped).ok());
+  EXPECT_LT((*RegenerationCache::Open(path, "k"))->size(), 2u);
+  // A count from the file far beyond its size is not allocated.
+  std::string huge = whole.substr(0, whole.size());
+  const size_t first_count = 8 + 4 + 1 + 8;  // magic, key length, "k", line number
+  huge[first_count + 3] = '\x7f';
+  ASSERT_TRUE(WriteFileAtomically(path, huge).ok());
+  auto bad = RegenerationCache::Open(path, "k");
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ((*bad)->size(), 0u);
+}
+
+TEST(RegenerationCacheTest, TheKeyFollowsTheDataFile) {
+  testing::TempDir dir;
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("a.jsonl"), "{\"text\": \"x\"}\n").ok());
+  const std::string a = RegenerationKey("t", dir.Join("a.jsonl"), 64, "tok");
+  EXPECT_EQ(a, RegenerationKey("t", dir.Join("a.jsonl"), 64, "tok"));
+  EXPECT_NE(a, RegenerationKey("t", dir.Join("a.jsonl"), 65, "tok"));
+  EXPECT_NE(a, RegenerationKey("u", dir.Join("a.jsonl"), 64, "tok"));
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("a.jsonl"), "{\"text\": \"y\"}\n").ok());
+  EXPECT_NE(a, RegenerationKey("t", dir.Join("a.jsonl"), 64, "tok"));
+}
+
+}  // namespace
+}  // namespace flashdraft
