@@ -120,9 +120,12 @@ RegenerationCache::~RegenerationCache() {
   if (file_ != nullptr) std::fclose(file_);
 }
 
-const RegenerationCache::Entry* RegenerationCache::Find(int64_t line_no) const {
+std::optional<RegenerationCache::Entry> RegenerationCache::Take(int64_t line_no) {
   auto it = entries_.find(line_no);
-  return it == entries_.end() ? nullptr : &it->second;
+  if (it == entries_.end()) return std::nullopt;
+  Entry e = std::move(it->second);
+  entries_.erase(it);
+  return e;
 }
 
 absl::Status RegenerationCache::Append(int64_t line_no, const std::vector<int64_t>& ids,
@@ -147,7 +150,6 @@ absl::Status RegenerationCache::Append(int64_t line_no, const std::vector<int64_
       std::fflush(file_) != 0) {
     return absl::InternalError(absl::StrCat(path_, ": cannot write: ", std::strerror(errno)));
   }
-  entries_[line_no] = Entry{ids, mask};
   return absl::OkStatus();
 }
 

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,11 +39,14 @@ class RegenerationCache {
   RegenerationCache(const RegenerationCache&) = delete;
   RegenerationCache& operator=(const RegenerationCache&) = delete;
 
-  // Line `line_no`'s regenerated sample, or null.
-  const Entry* Find(int64_t line_no) const;
-  // Adds line `line_no` (ids and mask of one length) and flushes it to the file.
+  // Line `line_no`'s regenerated sample as the file holds it, handed over (the cache keeps no
+  // copy: a data set's tokens are held once, by the source); nothing when it is not there.
+  std::optional<Entry> Take(int64_t line_no);
+  // Adds line `line_no` (ids and mask of one length, mask values 0 or 1) to the file and flushes
+  // it; the cache keeps no copy.
   absl::Status Append(int64_t line_no, const std::vector<int64_t>& ids,
                       const std::vector<int64_t>& mask);
+  // Records read at Open and not yet taken.
   size_t size() const { return entries_.size(); }
   // What Open found: "" (a new file), or why earlier records were dropped.
   const std::string& note() const { return note_; }

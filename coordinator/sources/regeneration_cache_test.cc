@@ -30,13 +30,16 @@ TEST(RegenerationCacheTest, RecordsSurviveReopeningAndAnotherKeyStartsOver) {
     auto cache = RegenerationCache::Open(path, "key A");
     ASSERT_TRUE(cache.ok()) << cache.status();
     ASSERT_EQ((*cache)->size(), 2u);
-    const RegenerationCache::Entry* e = (*cache)->Find(3);
-    ASSERT_NE(e, nullptr);
+    std::optional<RegenerationCache::Entry> e = (*cache)->Take(3);
+    ASSERT_TRUE(e.has_value());
     EXPECT_EQ(e->ids, (std::vector<int64_t>{5, 6, 7}));
     EXPECT_EQ(e->mask, (std::vector<int64_t>{0, 1, 1}));
-    EXPECT_NE((*cache)->Find(9), nullptr);
-    EXPECT_EQ((*cache)->Find(4), nullptr);
+    EXPECT_FALSE((*cache)->Take(3).has_value());  // handed over, not kept
+    EXPECT_TRUE((*cache)->Take(9).has_value());
+    EXPECT_FALSE((*cache)->Take(4).has_value());
+    EXPECT_EQ((*cache)->size(), 0u);
     ASSERT_TRUE((*cache)->Append(4, {8}, {1}).ok());
+    EXPECT_EQ((*cache)->size(), 0u);  // written, not kept
   }
   EXPECT_EQ((*RegenerationCache::Open(path, "key A"))->size(), 3u);
   auto other = RegenerationCache::Open(path, "key B");

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/progress.h"
@@ -58,9 +59,9 @@ absl::Status TargetModelSource::ParseLine(ChatLineReader& reader, RegenerationCa
   bool is_chat = false;
   FD_RETURN_IF_ERROR(reader.Parse(line, vocab, /*regenerate=*/false, ids, mask, &is_chat));
   if (!is_chat || !options_.regenerate) return absl::OkStatus();
-  if (const RegenerationCache::Entry* kept = cache ? cache->Find(line_no) : nullptr) {
-    ids = kept->ids;
-    mask = kept->mask;
+  if (std::optional<RegenerationCache::Entry> kept = cache ? cache->Take(line_no) : std::nullopt) {
+    ids = std::move(kept->ids);
+    mask = std::move(kept->mask);
     return absl::OkStatus();
   }
   FD_RETURN_IF_ERROR(reader.Parse(line, vocab, /*regenerate=*/true, ids, mask, &is_chat));
