@@ -51,10 +51,11 @@ void Add(ProcessMemory& p, std::string what, int64_t bytes, bool on_gpu = false)
   if (bytes > 0) p.parts.push_back({std::move(what), bytes, on_gpu});
 }
 
-// The target's weights and forward in the process that runs it (the coordinator, or a feeder:
-// `generates` with regeneration or evaluation, which only the coordinator runs).
-void AddTargetParts(const JobConfig& job, const MemoryInputs& in, bool generates,
-                    ProcessMemory& c) {
+// The target's weights and forward in a process that holds it: one that computes the features
+// (the coordinator without feeders, a feeder), and one that `generates` (the coordinator, with
+// regeneration or evaluation).
+void AddTargetParts(const JobConfig& job, const MemoryInputs& in, bool computes_features,
+                    bool generates, ProcessMemory& c) {
   const TargetModelConfig& t = in.target;
   const bool gpu = job.target.device == "cuda";
   // On a CPU the target runs in fp32 whatever target.dtype (which sets the features' wire type).
@@ -64,9 +65,12 @@ void AddTargetParts(const JobConfig& job, const MemoryInputs& in, bool generates
   Add(c, "target load buffer (its largest tensor as stored)",
       t.vocab_size * t.hidden_size * in.target_stored_bytes_per_weight);
   const int n = static_cast<int>(in.drafter.target_layer_ids.size());
-  Add(c, "target forward at data.max_seq_len",
-      TargetForwardBytes(t, job.data.max_seq_len, dsize, n), gpu);
-  if (generates && (job.data.regenerate || job.eval.every_steps > 0)) {
+  generates = generates && (job.data.regenerate || job.eval.every_steps > 0);
+  if (computes_features || generates) {
+    Add(c, "target forward at data.max_seq_len",
+        TargetForwardBytes(t, job.data.max_seq_len, dsize, n), gpu);
+  }
+  if (generates) {
     const int64_t kv = t.num_key_value_heads * t.head_dim;
     Add(c, "KV cache and logits (regeneration, evaluation)",
         t.num_hidden_layers * 2 * (job.data.max_seq_len + job.data.max_new_tokens) * kv * dsize +
@@ -86,7 +90,9 @@ ProcessMemory CoordinatorMemory(const JobConfig& job, const MemoryInputs& in, in
   const DrafterModelConfig& d = in.drafter;
   ProcessMemory c{"coordinator", {}};
   Add(c, "runtime (LibTorch, gRPC)", kRuntimeBytes);
-  if (in.online_target) AddTargetParts(job, in, /*generates=*/true, c);
+  if (in.online_target) {
+    AddTargetParts(job, in, /*computes_features=*/feeders == 0, /*generates=*/true, c);
+  }
   Add(c, "frozen embeddings served to workers (fp32, mapped)", FrozenBytes(d));
   // With feeders the features go from them to the workers, never through the coordinator.
   if (feeders == 0) Add(c, "prefetched features (data.prefetch_steps)", PrefetchBytes(job, d));
@@ -128,7 +134,7 @@ ProcessMemory WorkerMemory(const JobConfig& job, const MemoryInputs& in, int wor
 ProcessMemory FeederMemory(const JobConfig& job, const MemoryInputs& in) {
   ProcessMemory f{"feeder", {}};
   Add(f, "runtime (LibTorch, gRPC)", kRuntimeBytes);
-  AddTargetParts(job, in, /*generates=*/false, f);
+  AddTargetParts(job, in, /*computes_features=*/true, /*generates=*/false, f);
   Add(f, "computed features held (the prefetch window, at most --max-bytes)",
       std::min(kDefaultFeederMaxBytes, PrefetchBytes(job, in.drafter)));
   return f;

@@ -96,6 +96,13 @@ TEST(MemoryEstimateTest, FeedersHoldTheTargetAndTheCoordinatorNoFeatures) {
   EXPECT_GT(Part(alone.coordinator, "prefetched features"), 0);
   const JobMemory fed = EstimateJobMemory(job, in, 2, 3);
   EXPECT_EQ(Part(fed.coordinator, "prefetched features"), -1);
+  // The coordinator still runs a forward to regenerate; with neither regeneration nor evaluation
+  // it runs none.
+  EXPECT_GT(Part(fed.coordinator, "target forward"), 0);
+  job.data.regenerate = false;
+  EXPECT_EQ(Part(EstimateJobMemory(job, in, 2, 3).coordinator, "target forward"), -1);
+  EXPECT_GT(Part(EstimateJobMemory(job, in, 2, 0).coordinator, "target forward"), 0);
+  job.data.regenerate = true;
   EXPECT_EQ(Part(fed.feeder, "target weights (fp32)"), TargetParameterCount(in.target) * 4);
   EXPECT_GT(Part(fed.feeder, "target forward"), 0);
   EXPECT_EQ(Part(fed.feeder, "KV cache"), -1);  // regeneration runs on the coordinator
