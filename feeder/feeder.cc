@@ -188,15 +188,11 @@ absl::StatusOr<int64_t> FeederProcess::CheckMemory() const {
   job.target.path = o_.target_path;
   absl::StatusOr<MemoryInputs> inputs = MemoryInputsForJob(job);
   if (!inputs.ok()) return 0;  // opening the target names what is missing
-  JobMemory memory = EstimateJobMemory(job, *inputs, job.cluster.max_workers, 1);
-  // This process only; the estimate's feature budget is the default --max-bytes.
-  memory.coordinator.parts.clear();
+  // --max-bytes is at most 2^50 (main.cc's check): it fits an int64_t.
+  JobMemory memory = EstimateJobMemory(job, *inputs, job.cluster.max_workers, 1,
+                                       static_cast<int64_t>(o_.max_bytes));
+  memory.coordinator.parts.clear();  // this process only
   memory.workers = 0;
-  for (MemoryPart& part : memory.feeder.parts) {
-    if (part.what.rfind("computed features held", 0) == 0) {
-      part.bytes = std::min<int64_t>(part.bytes, static_cast<int64_t>(o_.max_bytes));
-    }
-  }
   LOG(INFO) << "expected peak memory: " << (memory.feeder.HostBytes() >> 20) << " MiB";
   FD_RETURN_IF_ERROR(CheckJobFits(memory, AvailableHostMemory(), "this host"));
   return memory.feeder.HostBytes();

@@ -131,12 +131,12 @@ ProcessMemory WorkerMemory(const JobConfig& job, const MemoryInputs& in, int wor
 
 // A feeder: the target's replica and forward, and the features it computed for the prefetch
 // window (all of them when it is the only one live), at most its --max-bytes.
-ProcessMemory FeederMemory(const JobConfig& job, const MemoryInputs& in) {
+ProcessMemory FeederMemory(const JobConfig& job, const MemoryInputs& in, int64_t max_bytes) {
   ProcessMemory f{"feeder", {}};
   Add(f, "runtime (LibTorch, gRPC)", kRuntimeBytes);
   AddTargetParts(job, in, /*computes_features=*/true, /*generates=*/false, f);
   Add(f, "computed features held (the prefetch window, at most --max-bytes)",
-      std::min(kDefaultFeederMaxBytes, PrefetchBytes(job, in.drafter)));
+      std::min(max_bytes, PrefetchBytes(job, in.drafter)));
   return f;
 }
 
@@ -166,13 +166,13 @@ int64_t JobMemory::TotalHostBytes() const {
 }
 
 JobMemory EstimateJobMemory(const JobConfig& job, const MemoryInputs& inputs, int workers,
-                            int feeders) {
+                            int feeders, int64_t feeder_max_bytes) {
   JobMemory m;
   m.workers = std::max(1, workers);
   m.feeders = inputs.online_target ? std::max(0, feeders) : 0;
   m.coordinator = CoordinatorMemory(job, inputs, m.feeders);
   m.worker = WorkerMemory(job, inputs, m.workers);
-  if (m.feeders > 0) m.feeder = FeederMemory(job, inputs);
+  if (m.feeders > 0) m.feeder = FeederMemory(job, inputs, feeder_max_bytes);
   return m;
 }
 

@@ -63,8 +63,9 @@ struct MemoryInputs {
 
 // With `feeders` > 0 (an online target only) each feeder holds a replica of the target and the
 // features it computed, and the coordinator holds no prefetched features.
+// A feeder holds at most `feeder_max_bytes` of computed features (its --max-bytes).
 JobMemory EstimateJobMemory(const JobConfig& job, const MemoryInputs& inputs, int workers,
-                            int feeders = 0);
+                            int feeders = 0, int64_t feeder_max_bytes = kDefaultFeederMaxBytes);
 
 // The inputs from the files the job names: the target's config.json (data.source target) or the
 // shards' manifest.json; errors name the file.

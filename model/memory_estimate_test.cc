@@ -108,6 +108,13 @@ TEST(MemoryEstimateTest, FeedersHoldTheTargetAndTheCoordinatorNoFeatures) {
   EXPECT_EQ(Part(fed.feeder, "KV cache"), -1);  // regeneration runs on the coordinator
   EXPECT_EQ(Part(fed.feeder, "computed features held"),
             std::min(kDefaultFeederMaxBytes, Part(alone.coordinator, "prefetched features")));
+  // A feeder's --max-bytes bounds what it holds, whichever way.
+  const int64_t window = Part(alone.coordinator, "prefetched features");
+  EXPECT_EQ(Part(EstimateJobMemory(job, in, 2, 3, 1 << 20).feeder, "computed features held"),
+            std::min<int64_t>(1 << 20, window));
+  EXPECT_EQ(
+      Part(EstimateJobMemory(job, in, 2, 3, int64_t{1} << 50).feeder, "computed features held"),
+      window);
   EXPECT_EQ(fed.TotalHostBytes(),
             fed.coordinator.HostBytes() + 2 * fed.worker.HostBytes() + 3 * fed.feeder.HostBytes());
   EXPECT_THAT(FormatJobMemory(fed), HasSubstr("# each of 3 feeder(s): expected peak "));

@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/crc32c.h"
 #include "common/file_util.h"
 
@@ -38,12 +40,10 @@ std::string Header(const std::string& key) {
   return h;
 }
 
-}  // namespace
-
-std::string RegenerationKey(const std::string& target_fingerprint, const std::string& data_path,
-                            int64_t max_new_tokens, const std::string& tokenizer) {
-  // The data file's CRC, read in pieces (a real data set is gigabytes).
-  std::ifstream in(data_path, std::ios::binary);
+// "<bytes> bytes, crc32c <hex>" of a file read in pieces (a data set is gigabytes), or "missing".
+std::string FileCrc(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "missing";
   std::vector<char> buffer(1 << 20);
   uint32_t crc = 0;
   uint64_t bytes = 0;
@@ -52,9 +52,30 @@ std::string RegenerationKey(const std::string& target_fingerprint, const std::st
     crc = Crc32cExtend(crc, buffer.data(), static_cast<size_t>(in.gcount()));
     bytes += static_cast<uint64_t>(in.gcount());
   }
-  return absl::StrCat("target ", target_fingerprint, "; data ", bytes, " bytes, crc32c ",
-                      absl::Hex(crc, absl::kZeroPad8), "; max_new_tokens ", max_new_tokens,
-                      "; tokenizer ", tokenizer);
+  return absl::StrCat(bytes, " bytes, crc32c ", absl::Hex(crc, absl::kZeroPad8));
+}
+
+std::string WeightFiles(const std::string& target_dir) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(target_dir, ec)) {
+    if (e.path().extension() != ".safetensors") continue;
+    const auto time = std::filesystem::last_write_time(e.path(), ec).time_since_epoch().count();
+    files.push_back(absl::StrCat(e.path().filename().string(), " ",
+                                 std::filesystem::file_size(e.path(), ec), " ", time));
+  }
+  std::sort(files.begin(), files.end());
+  return absl::StrJoin(files, ", ");
+}
+
+}  // namespace
+
+std::string RegenerationKey(const std::string& target, const std::string& target_dir,
+                            const std::string& data_path, int64_t max_new_tokens,
+                            const std::string& tokenizer) {
+  return absl::StrCat("target ", target, "; weights ", WeightFiles(target_dir), "; data ",
+                      FileCrc(data_path), "; max_new_tokens ", max_new_tokens, "; tokenizer ",
+                      FileCrc(tokenizer));
 }
 
 absl::StatusOr<std::unique_ptr<RegenerationCache>> RegenerationCache::Open(const std::string& path,

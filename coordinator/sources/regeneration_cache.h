@@ -6,9 +6,9 @@
 //
 // File: "FDREGEN1", u32 key length, the key, then records of
 //   u64 line number, u32 token count n, n × i64 ids, n × u8 loss mask, u32 CRC-32C of the record.
-// The key names what the replies depend on (the target's fingerprint, the data file's size and
-// CRC, max_new_tokens, the tokenizer); a file with another key is started over. A record cut
-// short or failing its CRC ends what is read (the file is truncated there and appended to).
+// The key names what the replies depend on (RegenerationKey); a file with another key is started
+// over. The records are only as good as their CRC: whoever takes one checks its values. A record
+// cut short or failing its CRC ends what is read (the file is truncated there and appended to).
 // Sizes read from the file are checked against what is left of it before anything is allocated.
 #pragma once
 
@@ -64,7 +64,12 @@ class RegenerationCache {
 };
 
 // The key of a job's regenerated replies: the parts they depend on, readable in a log line.
-std::string RegenerationKey(const std::string& target_fingerprint, const std::string& data_path,
-                            int64_t max_new_tokens, const std::string& tokenizer);
+// `target` names the model and where it runs (its fingerprint, device, dtype); the target folder's
+// weight files count by name, size and modification time (another checkpoint of the same layout is
+// another key; reading gigabytes of weights only to key a cache is not worth it), the data file and
+// the tokenizer by size and CRC-32C.
+std::string RegenerationKey(const std::string& target, const std::string& target_dir,
+                            const std::string& data_path, int64_t max_new_tokens,
+                            const std::string& tokenizer);
 
 }  // namespace flashdraft

@@ -83,15 +83,29 @@ TEST(RegenerationCacheTest, AnInterruptedOrCorruptRecordEndsWhatIsRead) {
   EXPECT_EQ((*bad)->size(), 0u);
 }
 
-TEST(RegenerationCacheTest, TheKeyFollowsTheDataFile) {
+TEST(RegenerationCacheTest, TheKeyFollowsTheTargetItsWeightsTheDataAndTheTokenizer) {
   testing::TempDir dir;
   ASSERT_TRUE(WriteFileAtomically(dir.Join("a.jsonl"), "{\"text\": \"x\"}\n").ok());
-  const std::string a = RegenerationKey("t", dir.Join("a.jsonl"), 64, "tok");
-  EXPECT_EQ(a, RegenerationKey("t", dir.Join("a.jsonl"), 64, "tok"));
-  EXPECT_NE(a, RegenerationKey("t", dir.Join("a.jsonl"), 65, "tok"));
-  EXPECT_NE(a, RegenerationKey("u", dir.Join("a.jsonl"), 64, "tok"));
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("tokenizer.json"), "{}").ok());
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("model.safetensors"), "weights").ok());
+  auto key = [&](const std::string& target, int64_t max_new_tokens) {
+    return RegenerationKey(target, dir.path(), dir.Join("a.jsonl"), max_new_tokens,
+                           dir.Join("tokenizer.json"));
+  };
+  const std::string a = key("t on cpu", 64);
+  EXPECT_EQ(a, key("t on cpu", 64));
+  EXPECT_NE(a, key("t on cpu", 65));
+  EXPECT_NE(a, key("t on cuda", 64));
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("tokenizer.json"), "{ }").ok());
+  const std::string b = key("t on cpu", 64);
+  EXPECT_NE(a, b);
   ASSERT_TRUE(WriteFileAtomically(dir.Join("a.jsonl"), "{\"text\": \"y\"}\n").ok());
-  EXPECT_NE(a, RegenerationKey("t", dir.Join("a.jsonl"), 64, "tok"));
+  const std::string c = key("t on cpu", 64);
+  EXPECT_NE(b, c);
+  // Other weights of the same layout (another size here; a rewrite changes the time too).
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("model.safetensors"), "other weights").ok());
+  EXPECT_NE(c, key("t on cpu", 64));
+  EXPECT_THAT(c, HasSubstr("model.safetensors 7 "));
 }
 
 }  // namespace

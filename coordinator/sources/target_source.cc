@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype.h"
 #include "common/progress.h"
 #include "common/status_macros.h"
 #include "common/target_fingerprint.h"
@@ -38,34 +39,61 @@ absl::StatusOr<std::unique_ptr<RegenerationCache>> TargetModelSource::OpenRegene
   if (!o.regenerate || o.regeneration_cache.empty()) return nullptr;
   FD_ASSIGN_OR_RETURN(const TargetFingerprintValue fingerprint,
                       FingerprintTarget(o.target.target_dir));
-  const std::string key =
-      RegenerationKey(absl::StrCat(fingerprint.config_sha256, "/", fingerprint.tensors_sha256),
-                      o.data_jsonl, o.max_new_tokens,
-                      o.tokenizer.empty() ? o.target.target_dir + "/tokenizer.json" : o.tokenizer);
-  FD_ASSIGN_OR_RETURN(std::unique_ptr<RegenerationCache> cache,
-                      RegenerationCache::Open(o.regeneration_cache, key));
-  if (!cache->note().empty()) LOG(WARNING) << "regenerated replies: " << cache->note();
-  if (cache->size() > 0) {
-    LOG(INFO) << "regenerated replies: " << cache->size() << " line(s) read from "
+  const std::string key = RegenerationKey(
+      absl::StrCat(fingerprint.config_sha256, "/", fingerprint.tensors_sha256, " on ",
+                   o.target.device, " in ", DTypeName(o.target.feature_dtype)),
+      o.target.target_dir, o.data_jsonl, o.max_new_tokens,
+      o.tokenizer.empty() ? o.target.target_dir + "/tokenizer.json" : o.tokenizer);
+  absl::StatusOr<std::unique_ptr<RegenerationCache>> cache =
+      RegenerationCache::Open(o.regeneration_cache, key);
+  if (!cache.ok()) {  // only an optimisation: the replies are regenerated
+    LOG(WARNING) << "regenerated replies are not kept: " << cache.status().message();
+    return nullptr;
+  }
+  if (!(*cache)->note().empty()) LOG(WARNING) << "regenerated replies: " << (*cache)->note();
+  if ((*cache)->size() > 0) {
+    LOG(INFO) << "regenerated replies: " << (*cache)->size() << " line(s) read from "
               << o.regeneration_cache << " (not regenerated again)";
   }
-  return cache;
+  return std::move(*cache);
 }
 
-absl::Status TargetModelSource::ParseLine(ChatLineReader& reader, RegenerationCache* cache,
+namespace {
+
+// A kept reply that can stand for the line: tokens, each an id of the vocabulary, masks 0 or 1.
+bool UsableReply(const RegenerationCache::Entry& e, int64_t vocab) {
+  if (e.ids.empty() || e.ids.size() != e.mask.size()) return false;
+  for (size_t i = 0; i < e.ids.size(); ++i) {
+    if (e.ids[i] < 0 || e.ids[i] >= vocab || (e.mask[i] != 0 && e.mask[i] != 1)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status TargetModelSource::ParseLine(ChatLineReader& reader,
+                                          std::unique_ptr<RegenerationCache>& cache,
                                           const std::string& line, int64_t line_no,
                                           std::vector<int64_t>& ids, std::vector<int64_t>& mask) {
   const int64_t vocab = features_->model().config().vocab_size;
   bool is_chat = false;
   FD_RETURN_IF_ERROR(reader.Parse(line, vocab, /*regenerate=*/false, ids, mask, &is_chat));
   if (!is_chat || !options_.regenerate) return absl::OkStatus();
-  if (std::optional<RegenerationCache::Entry> kept = cache ? cache->Take(line_no) : std::nullopt) {
+  std::optional<RegenerationCache::Entry> kept = cache ? cache->Take(line_no) : std::nullopt;
+  if (kept && UsableReply(*kept, vocab)) {
     ids = std::move(kept->ids);
     mask = std::move(kept->mask);
     return absl::OkStatus();
   }
+  if (kept) LOG(WARNING) << "regenerated replies: line " << line_no << " kept unusable; again";
   FD_RETURN_IF_ERROR(reader.Parse(line, vocab, /*regenerate=*/true, ids, mask, &is_chat));
-  return cache ? cache->Append(line_no, ids, mask) : absl::OkStatus();
+  if (cache) {
+    if (absl::Status s = cache->Append(line_no, ids, mask); !s.ok()) {
+      LOG(WARNING) << "regenerated replies are no longer kept: " << s.message();
+      cache.reset();  // only an optimisation: the job goes on
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status TargetModelSource::Tokenize() {
@@ -87,7 +115,7 @@ absl::Status TargetModelSource::Tokenize() {
   while (std::getline(in, line)) {
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    if (absl::Status st = ParseLine(reader, cache.get(), line, line_no, ids, mask); !st.ok()) {
+    if (absl::Status st = ParseLine(reader, cache, line, line_no, ids, mask); !st.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(o.data_jsonl, ":", line_no, ": ", st.message()));
     }

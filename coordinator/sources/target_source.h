@@ -65,8 +65,10 @@ class TargetModelSource : public HiddenStateSource {
   absl::Status Tokenize();
   // One data line into `ids` and `mask`, regenerated (and kept in `cache`, or read from it) when
   // the job regenerates and the line is a chat.
-  absl::Status ParseLine(ChatLineReader& reader, RegenerationCache* cache, const std::string& line,
-                         int64_t line_no, std::vector<int64_t>& ids, std::vector<int64_t>& mask);
+  // A cache that fails to write is dropped (`cache` reset): it is only an optimisation.
+  absl::Status ParseLine(ChatLineReader& reader, std::unique_ptr<RegenerationCache>& cache,
+                         const std::string& line, int64_t line_no, std::vector<int64_t>& ids,
+                         std::vector<int64_t>& mask);
   // The cache of options_.regeneration_cache for this target and data (null: none).
   absl::StatusOr<std::unique_ptr<RegenerationCache>> OpenRegenerationCache() const;
   TargetModelSource() = default;

@@ -41,9 +41,9 @@ absl::Status AdaptJob(PveDeployment& d) {
       "security.token_file=" + pki + "/token",
       "security.insecure=false",
   };
-  // Every feeder container is one the job waits for; without any the job keeps its own target.
-  if (!d.feeders.empty())
-    overrides.push_back(absl::StrCat("cluster.min_feeders=", d.feeders.size()));
+  // Every feeder container is one the job waits for, and there are no others: without feeder
+  // containers the coordinator runs the target itself, whatever the job file said.
+  overrides.push_back(absl::StrCat("cluster.min_feeders=", d.feeders.size()));
   if (d.job.cluster.min_workers > static_cast<int>(d.workers.size())) {
     overrides.push_back(absl::StrCat("cluster.min_workers=", d.workers.size()));
   }
