@@ -128,7 +128,7 @@ void RegenerationCache::ReadRecords(const std::string& data, size_t offset, size
     if (Load<uint32_t>(p + size) != Crc32c(p, size)) return;
     Entry e;
     e.ids.resize(n);
-    std::memcpy(e.ids.data(), p + kRecordHead, n * 8);
+    if (n > 0) std::memcpy(e.ids.data(), p + kRecordHead, n * 8);  // data() is null when empty
     e.mask.resize(n);
     for (uint64_t i = 0; i < n; ++i) e.mask[i] = static_cast<uint8_t>(p[kRecordHead + n * 8 + i]);
     entries_[line] = std::move(e);
@@ -164,7 +164,7 @@ absl::Status RegenerationCache::Append(int64_t line_no, const std::vector<int64_
   std::string record;
   Put<uint64_t>(record, static_cast<uint64_t>(line_no));
   Put<uint32_t>(record, static_cast<uint32_t>(ids.size()));
-  record.append(reinterpret_cast<const char*>(ids.data()), ids.size() * 8);
+  if (!ids.empty()) record.append(reinterpret_cast<const char*>(ids.data()), ids.size() * 8);
   for (int64_t m : mask) record.push_back(static_cast<char>(m));
   Put<uint32_t>(record, Crc32c(record.data(), record.size()));
   if (std::fwrite(record.data(), 1, record.size(), file_) != record.size() ||
