@@ -89,6 +89,7 @@ absl::Status Coordinator::OpenData(const CoordinatorOptions& options) {
   FD_ASSIGN_OR_RETURN(SourceBundle bundle,
                       options.open_source ? options.open_source(j) : OpenShardBundle(j));
   FD_ASSIGN_OR_RETURN(drafter_config_, JobDrafter(j, bundle));
+  deferred_replies_ = bundle.deferred_replies;
   source_ = std::move(bundle.source);
   FD_ASSIGN_OR_RETURN(target_, SafetensorsModel::Open(bundle.target_tensors_path));
   const std::vector<int64_t> table = {drafter_config_.vocab_size, drafter_config_.hidden_size};
@@ -213,9 +214,9 @@ absl::Status Coordinator::WireParts() {
   d.join_timeout_seconds = j.cluster.join_timeout_seconds;
   if (j.cluster.min_feeders > 0) FD_RETURN_IF_ERROR(SetUpFeeders());
   driver_ = std::make_unique<StepDriver>(
-      d,
-      StepDriverParts{controller_.get(), pipeline_.get(), &board_, source_.get(), scheduler_.get(),
-                      step_log_.get(), metrics_.get(), &store_, clock_, feeders_.get()});
+      d, StepDriverParts{controller_.get(), pipeline_.get(), &board_, source_.get(),
+                         scheduler_.get(), step_log_.get(), metrics_.get(), &store_, clock_,
+                         feeders_.get(), deferred_replies_});
   return absl::OkStatus();
 }
 

@@ -106,6 +106,7 @@ class Coordinator {
   int64_t start_step_ = 0;  // > 0 when resumed
   std::optional<ResumePoint> resumed_;
   std::unique_ptr<HiddenStateSource> source_;
+  DeferredReplies* deferred_replies_ = nullptr;  // into source_: what feeders regenerate
   std::unique_ptr<Scheduler> scheduler_;
   std::shared_ptr<const SafetensorsModel> target_;
   std::unique_ptr<TensorCatalog> catalog_;

@@ -52,6 +52,9 @@ class FeedSession
       return;
     }
     if (in_.kind_case() == v1::FeederMessage::kStatus) pool_.OnStatus(token_, in_.status());
+    if (in_.kind_case() == v1::FeederMessage::kRegenerated) {
+      pool_.OnRegenerated(token_, std::move(*in_.mutable_regenerated()));
+    }
     StartRead(&in_bytes_);
   }
 

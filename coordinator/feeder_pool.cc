@@ -11,6 +11,7 @@
 #include "common/random_token.h"
 #include "common/security.h"
 #include "common/status_macros.h"
+#include "coordinator/sources/regeneration_cache.h"
 #include "glog/logging.h"
 
 namespace flashdraft {
@@ -46,6 +47,15 @@ std::string FeederRefusal(const v1::FeederJoinRequest& r, const FeederPoolOption
     return absl::StrCat("its target's tensors (names, dtypes, shapes; sha256 ",
                         Untrusted(r.target().tensors_sha256()), ") are not the job's (",
                         o.target.tensors_sha256, ")");
+  }
+  if (o.tokenizer_crc32c &&
+      (!r.has_tokenizer_crc32c() || r.tokenizer_crc32c() != *o.tokenizer_crc32c)) {
+    return absl::StrCat("the job regenerates its replies and the feeder's tokenizer.json (",
+                        r.has_tokenizer_crc32c()
+                            ? absl::StrCat("crc32c ", absl::Hex(r.tokenizer_crc32c()))
+                            : "none",
+                        ") is not the job's (crc32c ", absl::Hex(*o.tokenizer_crc32c),
+                        "): its replies would be other tokens");
   }
   // The features must be the bits the coordinator's own target would compute.
   const NumericEnv theirs = NumericEnvFromProto(r.capability().numerics(), o.on_gpu);
@@ -84,6 +94,10 @@ absl::StatusOr<std::unique_ptr<FeederPool>> FeederPool::ForJob(const JobConfig& 
   o.heartbeat_timeout_seconds = job.cluster.heartbeat_timeout_seconds;
   o.stall_timeout_seconds = job.cluster.stall_timeout_seconds;
   o.job_config_yaml = JobConfigToYaml(job);
+  if (job.data.regenerate) {  // none there: no chat can be regenerated (the source says so)
+    absl::StatusOr<uint32_t> crc = FileCrc32c(job.target.path + "/tokenizer.json");
+    if (crc.ok()) o.tokenizer_crc32c = *crc;
+  }
   LOG(INFO) << "target feeders: the job waits for " << job.cluster.min_feeders
             << "; every shard's features are computed by a feeder";
   return std::make_unique<FeederPool>(std::move(o), clock);
@@ -229,6 +243,13 @@ void FeederPool::Lost(const std::string& token, const std::string& why) {
     LOG(WARNING) << "feeder '" << Untrusted(f.id) << "' lost: " << why;
     targets_changed = !f.metrics_address.empty();
     for (const auto& key : f.outstanding) owner_.erase(key);
+    if (regeneration_ != nullptr && !f.lines.empty()) {
+      LOG(WARNING) << "the " << f.lines.size()
+                   << " line(s) it was regenerating go to the other feeders";
+      for (auto line = f.lines.rbegin(); line != f.lines.rend(); ++line) {
+        RequeueLineLocked(*line, why);
+      }
+    }
     feeders_.erase(it);
     ReportLocked();
   }

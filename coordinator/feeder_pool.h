@@ -10,6 +10,7 @@
 #include <grpcpp/support/status.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -54,10 +55,18 @@ struct FeederPoolOptions {
   // stream closed: a stuck compute thread (cluster.stall_timeout_seconds; 0: never).
   double stall_timeout_seconds = 0;
   std::string job_config_yaml;  // FeederJoinReply
+  // With data.regenerate: the CRC-32C of the job's tokenizer.json, which a feeder's must match.
+  std::optional<uint32_t> tokenizer_crc32c;
 };
 
 // Why a feeder may not join (empty: it may), from its request alone.
 std::string FeederRefusal(const v1::FeederJoinRequest& request, const FeederPoolOptions& options);
+
+// A feeder's answer as the line's tokens and loss mask, or why it cannot be one (no tokens, a mask
+// of another length or with values other than 0 and 1, negative ids); checked before anything is
+// copied. The vocabulary is the source's to check (DeferredReplies::Complete).
+absl::Status RegeneratedTokens(const v1::RegeneratedLine& answer, std::vector<int64_t>& ids,
+                               std::vector<int64_t>& mask);
 
 class FeederPool {
  public:
@@ -106,6 +115,24 @@ class FeederPool {
   std::optional<std::string> Assign(const v1::ShardWork& work) ABSL_LOCKS_EXCLUDED(mu_);
   // The steps below `committed_steps` are committed: every feeder may free them.
   void Release(uint64_t committed_steps) ABSL_LOCKS_EXCLUDED(mu_);
+  // --- regeneration (data.regenerate: the feeders answer the data set's chats; the
+  // implementation is feeder_regeneration.cc) ---
+  // Sends every line to a live feeder (a few at a time each, to the least loaded) and hands each
+  // answer to `answered` on this thread until all are accepted: OK. A lost feeder's lines go to
+  // the others; an answer `answered` refuses drops the feeder that sent it and its line goes to
+  // another; a line whose feeders were lost or refused 3 times: ABORTED, naming it. No feeder live
+  // for `no_feeder_timeout_seconds`: DEADLINE_EXCEEDED; Abort: its reason. `lines` must outlive
+  // the call (each is encoded when sent).
+  // `progress` is told how many lines are accepted so far, after each.
+  absl::Status Regenerate(const std::vector<v1::RegenerateWork>& lines,
+                          double no_feeder_timeout_seconds,
+                          const std::function<absl::Status(v1::RegeneratedLine&)>& answered,
+                          const std::function<void(size_t accepted)>& progress)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A feeder's answer (gRPC threads): kept for Regenerate when the feeder holds that line,
+  // otherwise dropped.
+  void OnRegenerated(const std::string& token, v1::RegeneratedLine line) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Every wait ends with `why`.
   void Abort(absl::Status why) ABSL_LOCKS_EXCLUDED(mu_);
   // The job is over: every feeder gets a Shutdown and its stream ends.
@@ -119,6 +146,7 @@ class FeederPool {
     FeedLink* link = nullptr;  // null until its stream binds
     double heard = 0;          // when it joined, bound or last sent anything
     std::set<std::pair<uint64_t, uint32_t>> outstanding;  // (step, shard) not released
+    std::set<uint64_t> lines;  // regeneration lines sent to it, not answered
     v1::FeederStatus status;
     std::string metrics_address;  // from its first status; empty: none
   };
@@ -133,6 +161,28 @@ class FeederPool {
   std::vector<std::string> SilentLocked(double now, double* next)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string PickLocked(const std::pair<uint64_t, uint32_t>& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A regeneration in progress: the lines not accepted yet, those not sent, the answers in.
+  struct Regeneration {
+    const std::vector<v1::RegenerateWork>* lines = nullptr;  // Regenerate's
+    std::map<uint64_t, size_t> open;   // line number -> its work in `lines`, until accepted
+    std::map<uint64_t, int> attempts;  // feeders lost (or refused) while they held the line
+    std::deque<uint64_t> queue;        // to send
+    std::deque<std::pair<std::string, v1::RegeneratedLine>> answers;  // (feeder token, answer)
+    absl::Status failure;  // a line that failed on too many feeders
+  };
+  // Puts back a line whose feeder was lost (`why`) for another; a line that failed so on
+  // kMaxLineAttempts feeders fails the regeneration instead.
+  void RequeueLineLocked(uint64_t line, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live feeder with room for another line (the fewest out, ties: the earliest joined).
+  Feeder* RoomForLineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendLinesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefuseAnswer(const std::string& token, uint64_t line, const std::string& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes the answers in, or fails: what Regenerate waits for, with `none_since` the Clock's time
+  // since when no feeder is live (< 0: one is).
+  absl::Status AwaitAnswersLocked(double no_feeder_timeout_seconds, double& none_since,
+                                  std::deque<std::pair<std::string, v1::RegeneratedLine>>& answers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const FeederPoolOptions options_;
@@ -151,6 +201,7 @@ class FeederPool {
   uint64_t arrivals_ ABSL_GUARDED_BY(mu_) = 0;  // joins and binds: a new deadline for the watch
   bool stop_watch_ ABSL_GUARDED_BY(mu_) = false;
   int awaited_ ABSL_GUARDED_BY(mu_) = 0;  // live feeders a wait needs (0: none waits)
+  std::unique_ptr<Regeneration> regeneration_ ABSL_GUARDED_BY(mu_);  // null: none in progress
   std::thread watch_;
 };
 

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/chunk_wire.h"
+#include "tests/support/test_util.h"
 
 namespace flashdraft {
 namespace {
@@ -92,12 +93,23 @@ TEST(FeederRefusalTest, AFeederOfAnotherTargetOrNumericsIsRefusedSayingWhy) {
   NumericEnvToProto(other, r.mutable_capability()->mutable_numerics());
   EXPECT_THAT(FeederRefusal(r, Options()),
               HasSubstr("numeric environment differs from the coordinator's"));
+  // A job that regenerates its replies needs the feeders' tokenizer to be its own.
+  FeederPoolOptions regenerating = Options();
+  regenerating.tokenizer_crc32c = 0xabcd;
+  EXPECT_THAT(FeederRefusal(Request("f"), regenerating),
+              HasSubstr("tokenizer.json (none) is not the job's (crc32c abcd)"));
+  r = Request("f");
+  r.set_tokenizer_crc32c(0x1234);
+  EXPECT_THAT(FeederRefusal(r, regenerating), HasSubstr("tokenizer.json (crc32c 1234)"));
+  EXPECT_EQ(FeederRefusal(r, Options()), "") << "no regeneration: any tokenizer";
+  r.set_tokenizer_crc32c(0xabcd);
+  EXPECT_EQ(FeederRefusal(r, regenerating), "");
 }
 
 // A pool with feeders joined and bound, by id.
 class FeederPoolTest : public ::testing::Test {
  protected:
-  std::string JoinAndBind(const std::string& id, FakeFeedLink* link) {
+  std::string JoinAndBind(const std::string& id, FeedLink* link) {
     v1::FeederJoinReply reply;
     pool_.Join(Request(id), &reply);
     EXPECT_TRUE(reply.accepted()) << reply.reason();
@@ -364,6 +376,174 @@ TEST_F(FeederPoolTest, FinishShutsEveryFeederDown) {
   v1::FeederJoinReply late;
   pool_.Join(Request("late"), &late);
   EXPECT_FALSE(late.accepted());
+}
+
+// A feeder's stream during a regeneration, read by the test while the pool's Regenerate runs on
+// another thread: the lines it was sent, and how it was closed.
+class LineLink : public FeedLink {
+ public:
+  void Send(grpc::ByteBuffer message) override {
+    v1::FeedMessage m;
+    ASSERT_TRUE(BufferToMessage(message, &m));
+    absl::MutexLock lock(&mu_);
+    if (m.has_regenerate()) lines_.push_back(m.regenerate().line());
+  }
+  void Close(const grpc::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    closed_ = status.ok() ? "OK" : status.error_message();
+  }
+  std::vector<uint64_t> lines() const {
+    absl::MutexLock lock(&mu_);
+    return lines_;
+  }
+  std::string closed() const {
+    absl::MutexLock lock(&mu_);
+    return closed_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<uint64_t> lines_ ABSL_GUARDED_BY(mu_);
+  std::string closed_ ABSL_GUARDED_BY(mu_);
+};
+
+std::vector<v1::RegenerateWork> Lines(uint64_t count) {
+  std::vector<v1::RegenerateWork> lines;
+  for (uint64_t i = 1; i <= count; ++i) {
+    v1::RegenerateWork& w = lines.emplace_back();
+    w.set_line(i);
+    w.set_text(absl::StrCat("{\"line\": ", i, "}"));
+  }
+  return lines;
+}
+
+// An answer: the line's number as its one token (0 for a bad one).
+v1::RegeneratedLine Answer(uint64_t line, bool good = true) {
+  v1::RegeneratedLine a;
+  a.set_line(line);
+  a.add_input_ids(good ? static_cast<int64_t>(line) : 0);
+  a.set_loss_mask(std::string(1, '\1'));
+  return a;
+}
+
+// Regenerate on a thread of its own, and what it accepted.
+class RegenerationTest : public FeederPoolTest {
+ protected:
+  void Start(uint64_t lines) {
+    thread_ = std::thread([this, lines] {
+      result_ = pool_.Regenerate(
+          Lines(lines), 60,
+          [this](v1::RegeneratedLine& a) {
+            if (a.input_ids(0) == 0) return absl::InvalidArgumentError("token 0 is not allowed");
+            absl::MutexLock lock(&mu_);
+            accepted_.push_back(a.line());
+            return absl::OkStatus();
+          },
+          [this](size_t n) {
+            absl::MutexLock lock(&mu_);
+            progress_ = n;
+          });
+    });
+  }
+  absl::Status Join() {
+    thread_.join();
+    return result_;
+  }
+  std::vector<uint64_t> accepted() const {
+    absl::MutexLock lock(&mu_);
+    std::vector<uint64_t> sorted = accepted_;
+    std::sort(sorted.begin(), sorted.end());
+    return sorted;
+  }
+  static bool Holds(const LineLink& link, size_t count) {
+    return testing::Eventually([&] { return link.lines().size() == count; });
+  }
+
+  std::thread thread_;
+  absl::Status result_;
+  mutable absl::Mutex mu_;
+  std::vector<uint64_t> accepted_ ABSL_GUARDED_BY(mu_);
+  size_t progress_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST_F(RegenerationTest, LinesSpreadOverTheFeedersAndALostFeedersLinesGoToOthers) {
+  LineLink a, b;
+  const std::string ta = JoinAndBind("a", &a);
+  const std::string tb = JoinAndBind("b", &b);
+  Start(10);
+  // Four lines in flight each, alternately (a tie goes to the earlier feeder).
+  ASSERT_TRUE(Holds(a, 4) && Holds(b, 4));
+  EXPECT_THAT(a.lines(), ::testing::ElementsAre(1, 3, 5, 7));
+  EXPECT_THAT(b.lines(), ::testing::ElementsAre(2, 4, 6, 8));
+  pool_.OnRegenerated(ta, Answer(1));  // room at a: the next line
+  ASSERT_TRUE(Holds(a, 5));
+  EXPECT_EQ(a.lines().back(), 9u);
+  // b goes with four lines: they wait for room, and a newcomer takes them.
+  pool_.Lost(tb, "its stream ended");
+  pool_.OnRegenerated(tb, Answer(2));  // a lost feeder's late answer: dropped
+  pool_.OnRegenerated(ta, Answer(2));  // a line a does not hold: dropped
+  LineLink c;
+  const std::string tc = JoinAndBind("c", &c);
+  ASSERT_TRUE(Holds(c, 4));
+  EXPECT_THAT(c.lines(), ::testing::ElementsAre(2, 4, 6, 8));
+  for (uint64_t line : {3, 5, 7, 9}) pool_.OnRegenerated(ta, Answer(line));
+  ASSERT_TRUE(Holds(a, 6));
+  EXPECT_EQ(a.lines().back(), 10u);
+  for (uint64_t line : {2, 4, 6, 8}) pool_.OnRegenerated(tc, Answer(line));
+  pool_.OnRegenerated(ta, Answer(10));
+  ASSERT_TRUE(Join().ok()) << result_;
+  EXPECT_THAT(accepted(), ::testing::ElementsAre(1, 2, 3, 4, 5, 6, 7, 8, 9, 10));
+  absl::MutexLock lock(&mu_);
+  EXPECT_EQ(progress_, 10u);
+}
+
+TEST_F(RegenerationTest, ARefusedAnswerDropsItsFeederAndItsLinesGoToAnother) {
+  LineLink a, b;
+  const std::string ta = JoinAndBind("a", &a);
+  Start(2);
+  ASSERT_TRUE(Holds(a, 2));
+  pool_.OnRegenerated(ta, Answer(1, /*good=*/false));
+  ASSERT_TRUE(testing::Eventually([&] { return pool_.live() == 0; }));
+  EXPECT_THAT(a.closed(), HasSubstr("its answer for line 1 was refused: token 0 is not allowed"));
+  const std::string tb = JoinAndBind("b", &b);
+  ASSERT_TRUE(Holds(b, 2));
+  EXPECT_THAT(b.lines(), ::testing::ElementsAre(1, 2));
+  pool_.OnRegenerated(tb, Answer(1));
+  pool_.OnRegenerated(tb, Answer(2));
+  ASSERT_TRUE(Join().ok()) << result_;
+  EXPECT_THAT(accepted(), ::testing::ElementsAre(1, 2));
+}
+
+TEST_F(RegenerationTest, ALineThatTakesThreeFeedersDownFailsNamingIt) {
+  LineLink links[3];
+  Start(1);
+  for (int i = 0; i < 3; ++i) {
+    const std::string token = JoinAndBind(absl::StrCat("f", i), &links[i]);
+    ASSERT_TRUE(Holds(links[i], 1)) << i;
+    pool_.Lost(token, absl::StrCat("crashed ", i));
+  }
+  const absl::Status s = Join();
+  EXPECT_TRUE(absl::IsAborted(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("line 1 of the data file: 3 feeders were lost or refused"));
+  EXPECT_THAT(s.message(), HasSubstr("the last: crashed 2"));
+}
+
+TEST_F(RegenerationTest, WithNoFeederLiveItWaitsThenGivesUp) {
+  Start(3);
+  ASSERT_TRUE(testing::Eventually([&] { return clock_.waiting() > 0; }));
+  clock_.Advance(61);
+  const absl::Status s = Join();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("no feeder was live for 60 s"));
+}
+
+TEST_F(RegenerationTest, AnAbortEndsIt) {
+  LineLink a;
+  JoinAndBind("a", &a);
+  Start(3);
+  ASSERT_TRUE(Holds(a, 3));
+  pool_.Abort(absl::CancelledError("stopped"));
+  EXPECT_EQ(Join().message(), "stopped");
 }
 
 }  // namespace

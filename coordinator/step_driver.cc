@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/chunk_wire.h"
 #include "common/file_util.h"
+#include "common/progress.h"
 #include "common/random_token.h"
 #include "common/shard_tree.h"
 #include "common/status_macros.h"
@@ -28,9 +29,16 @@ StepDriver::StepDriver(StepDriverOptions options, StepDriverParts parts)
 absl::Status StepDriver::Run() {
   start_ = p_.clock->Now();
   step_start_ = start_;
-  State state = step_ < options_.total_steps ? State::kAwaitWorkers : State::kFinish;
+  State state = State::kFinish;
+  if (step_ < options_.total_steps) {
+    state =
+        p_.replies != nullptr && p_.feeders != nullptr ? State::kRegenerate : State::kAwaitWorkers;
+  }
   while (state != State::kFinish) {
     switch (state) {
+      case State::kRegenerate:
+        state = Regenerate();
+        break;
       case State::kAwaitWorkers:
         state = AwaitWorkers();
         break;
@@ -51,6 +59,41 @@ absl::Status StepDriver::Run() {
     }
   }
   return Finish();
+}
+
+StepDriver::State StepDriver::Regenerate() {
+  DeferredReplies& replies = *p_.replies;
+  std::vector<v1::RegenerateWork> lines;
+  for (DeferredReplies::Line& l : replies.TakePending()) {
+    v1::RegenerateWork& w = lines.emplace_back();
+    w.set_line(static_cast<uint64_t>(l.line_no));
+    w.set_text(std::move(l.text));
+    w.set_max_new_tokens(static_cast<uint32_t>(replies.max_new_tokens()));
+    w.set_tokenizer_crc32c(replies.tokenizer_crc32c());
+  }
+  bool waited = false;
+  result_ = AwaitFeeders(&waited);
+  if (!result_.ok()) return State::kFinish;
+  LOG(INFO) << "the feeders regenerate the replies of " << lines.size() << " line(s)";
+  const double start = p_.clock->Now();
+  Progress progress = Progress::ForLog("regenerating replies on the feeders",
+                                       static_cast<double>(lines.size()), "lines");
+  result_ = p_.feeders->Regenerate(
+      lines, options_.join_timeout_seconds,
+      [&replies](v1::RegeneratedLine& answer) {
+        std::vector<int64_t> ids, mask;
+        FD_RETURN_IF_ERROR(RegeneratedTokens(answer, ids, mask));
+        return replies.Complete(static_cast<int64_t>(answer.line()), std::move(ids),
+                                std::move(mask));
+      },
+      [&progress](size_t accepted) { progress.Update(static_cast<double>(accepted)); });
+  if (absl::IsDeadlineExceeded(result_)) {
+    result_ = absl::DeadlineExceededError(
+        absl::StrCat(result_.message(), " (cluster.join_timeout_seconds)"));
+  }
+  if (!result_.ok()) return State::kFinish;
+  progress.Finish(absl::StrFormat("in %.1f s", p_.clock->Now() - start), /*always=*/true);
+  return State::kAwaitWorkers;
 }
 
 StepDriver::State StepDriver::AwaitWorkers() {
@@ -79,13 +122,16 @@ StepDriver::State StepDriver::AwaitWorkers() {
 absl::Status StepDriver::AwaitFeeders(bool* waited) {
   *waited = false;
   if (p_.feeders == nullptr) return absl::OkStatus();
-  const int count = epoch_ == 0 ? std::max(1, options_.min_feeders) : 1;
-  return p_.feeders->AwaitLive(count, p_.clock->Now() + options_.join_timeout_seconds,
-                               [this, count, waited] {
-                                 *waited = true;
-                                 LOG(WARNING) << "paused: waiting for " << count << " feeder(s)";
-                                 if (epoch_ > 0) p_.board->SetPaused("no feeder");
-                               });
+  // min_feeders to start (the regeneration or the first epoch), one to go on.
+  const int count = feeders_started_ ? 1 : std::max(1, options_.min_feeders);
+  absl::Status s = p_.feeders->AwaitLive(
+      count, p_.clock->Now() + options_.join_timeout_seconds, [this, count, waited] {
+        *waited = true;
+        LOG(WARNING) << "paused: waiting for " << count << " feeder(s)";
+        if (epoch_ > 0) p_.board->SetPaused("no feeder");
+      });
+  feeders_started_ = feeders_started_ || s.ok();
+  return s;
 }
 
 StepDriver::State StepDriver::FormEpoch() {

@@ -1,16 +1,18 @@
 // The step protocol as a state machine, on the coordinator's Run() thread:
 //
-//   AwaitWorkers -> FormEpoch -> Stream -> AwaitAcks -> Commit -> Stream ... -> Finish
+//   [Regenerate] -> AwaitWorkers -> FormEpoch -> Stream -> AwaitAcks -> Commit -> Stream ... ->
+//   Finish
 //        ^                                      |            |
 //        +------------- membership changed -----+------------+
 //
-// AwaitWorkers waits for min_workers (pausing a running job); FormEpoch gives ranks and sends the
-// Reforms; Stream keeps `prefetch_steps` steps queued at every rank; AwaitAcks waits for every
-// rank's ack of the oldest step in flight (ABORTED: the group changed, re-form); Commit commits it
-// to every rank, records it, starts its checkpoint when due and lets leaving workers go; Finish
-// waits for the last checkpoint, exports the drafter and shuts the workers down. Each state is a
-// short method that returns the next one; every wait is the controller's wait on the injected
-// Clock.
+// Regenerate (data.regenerate with feeders, once) has the feeders answer the data set's chats
+// before anything is planned; AwaitWorkers waits for min_workers (pausing a running job); FormEpoch
+// gives ranks and sends the Reforms; Stream keeps `prefetch_steps` steps queued at every rank;
+// AwaitAcks waits for every rank's ack of the oldest step in flight (ABORTED: the group changed,
+// re-form); Commit commits it to every rank, records it, starts its checkpoint when due and lets
+// leaving workers go; Finish waits for the last checkpoint, exports the drafter and shuts the
+// workers down. Each state is a short method that returns the next one; every wait is the
+// controller's wait on the injected Clock.
 #pragma once
 
 #include <cstdint>
@@ -63,17 +65,28 @@ struct StepDriverParts {
   // Null: the source computes every shard's features. Otherwise feeders do: each shard goes to a
   // feeder as ShardWork and to its rank as a ShardRef (docs/ARCHITECTURE.md, "Feeders").
   FeederPool* feeders = nullptr;
+  // With feeders: the data lines they regenerate before the first plan (null: none).
+  DeferredReplies* replies = nullptr;
 };
 
 class StepDriver {
  public:
-  enum class State { kAwaitWorkers, kFormEpoch, kStream, kAwaitAcks, kCommit, kFinish };
+  enum class State {
+    kRegenerate,
+    kAwaitWorkers,
+    kFormEpoch,
+    kStream,
+    kAwaitAcks,
+    kCommit,
+    kFinish
+  };
 
   StepDriver(StepDriverOptions options, StepDriverParts parts);
   // Trains from start_step to total_steps (or a graceful stop); the job's result.
   absl::Status Run();
 
  private:
+  State Regenerate();
   State AwaitWorkers();
   State FormEpoch();
   State Stream();
@@ -84,7 +97,7 @@ class StepDriver {
   absl::Status SendStep(const StepPlan& plan);
   // Shard `shard` of `plan` to rank `to.rank` through a feeder; UNAVAILABLE when none is live.
   absl::Status SendShardByFeeder(const StepPlan& plan, int64_t shard, const ShardAddress& to);
-  // With feeders: waits for them (min_feeders before the first epoch, one later); `waited` says
+  // With feeders: waits for them (min_feeders the first time, one later); `waited` says
   // whether it had to.
   absl::Status AwaitFeeders(bool* waited);
   // The committed step's record into steps.jsonl and /metrics (and a recovery, if one ended).
@@ -100,6 +113,7 @@ class StepDriver {
   uint64_t epoch_ = 0;  // the epoch steps are sent in
   int world_size_ = 0;
   int reforms_at_step_ = 0;            // epochs started without a commit in between
+  bool feeders_started_ = false;       // min_feeders were live once: one is enough from then
   double start_ = 0;                   // when Run began
   double step_start_ = 0;              // when the step being committed began
   double changed_at_ = 0;              // when the membership changed (0: not since the last commit)

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <memory>
 #include <set>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "common/target_fingerprint.h"
+#include "coordinator/sources/regeneration_cache.h"
 #include "coordinator/sources/target_features.h"
 #include "feeder/feeder_metrics.h"
 #include "feeder/feeder_service.h"
@@ -30,6 +32,7 @@
 #include "feeder/shard_store.h"
 #include "flashdraft/v1/feeder.grpc.pb.h"
 #include "glog/logging.h"
+#include "model/chat_data.h"
 #include "model/numeric_probe.h"
 
 namespace flashdraft {
@@ -73,6 +76,17 @@ class FeederProcess {
   // The Feed stream's messages until a Shutdown (OK), the stream's end or a bad assignment.
   absl::Status ReadWork();
   void Compute();
+  // data.regenerate: answers the lines the Feed stream sends (RegenerateWork) until the stop.
+  void RegenerateLines() ABSL_LOCKS_EXCLUDED(stop_mu_);
+  absl::StatusOr<v1::RegeneratedLine> RegenerateLine(std::unique_ptr<ChatLineReader>& reader,
+                                                     const v1::RegenerateWork& work);
+  // Marks a computation (a shard or a line) as running since now, for FeederStatus; the returned
+  // mark ends it (EndComputing).
+  std::multiset<double>::iterator StartComputing(double now) ABSL_LOCKS_EXCLUDED(computing_mu_);
+  void EndComputing(std::multiset<double>::iterator mark) ABSL_LOCKS_EXCLUDED(computing_mu_);
+  // A computation failed: the coordinator hears why, and the stream ends (its work goes to the
+  // other feeders).
+  void Fail(const absl::Status& error) ABSL_LOCKS_EXCLUDED(stop_mu_);
   void ReportStatus(bool first) ABSL_LOCKS_EXCLUDED(write_mu_);
   void ReportLoop() ABSL_LOCKS_EXCLUDED(stop_mu_);
   void SendError(const std::string& error) ABSL_LOCKS_EXCLUDED(write_mu_);
@@ -103,11 +117,17 @@ class FeederProcess {
   absl::Mutex stop_mu_;
   bool stop_ ABSL_GUARDED_BY(stop_mu_) = false;
   absl::Status compute_error_ ABSL_GUARDED_BY(stop_mu_);
+  std::deque<v1::RegenerateWork> lines_ ABSL_GUARDED_BY(stop_mu_);  // to regenerate
+  // Its tokenizer.json's CRC (the join tells it; each regenerated line checks it), read before
+  // any thread starts.
+  absl::StatusOr<uint32_t> tokenizer_crc32c_ = absl::NotFoundError("no tokenizer read");
 };
 
 // The FetchShard service first, so that the join can say where it is.
 absl::Status FeederProcess::Serve() {
   FD_ASSIGN_OR_RETURN(fingerprint_, FingerprintTarget(o_.target_path));
+  // Before any thread starts; only read afterwards.
+  tokenizer_crc32c_ = FileCrc32c(o_.target_path + "/tokenizer.json");
   if (o_.security.tls() && (o_.serve_tls_cert.empty() || o_.serve_tls_key.empty())) {
     return absl::InvalidArgumentError(
         "the job uses TLS: the feeder's service needs --serve-tls-cert and --serve-tls-key "
@@ -164,6 +184,7 @@ absl::Status FeederProcess::JoinJob() {
   join.set_serve_address(advertise_);
   join.mutable_target()->set_config_sha256(fingerprint_.config_sha256);
   join.mutable_target()->set_tensors_sha256(fingerprint_.tensors_sha256);
+  if (tokenizer_crc32c_.ok()) join.set_tokenizer_crc32c(*tokenizer_crc32c_);
   v1::FeederJoinReply reply;
   const grpc::Status s = *CallUntilReachable(
       RealClock::Get(), o_.connect_timeout_seconds,
@@ -225,6 +246,8 @@ absl::Status FeederProcess::Feed() {
   ReportStatus(/*first=*/true);
   std::vector<std::thread> computing;
   for (int i = 0; i < std::max(1, o_.threads); ++i) computing.emplace_back([this] { Compute(); });
+  // One generation at a time: each holds a KV cache (the memory estimate counts one).
+  if (job_.data.regenerate) computing.emplace_back([this] { RegenerateLines(); });
   std::thread reporting([this] { ReportLoop(); });
   absl::Status result = ReadWork();
   {
@@ -246,6 +269,7 @@ absl::Status FeederProcess::Feed() {
 
 absl::Status FeederProcess::ReadWork() {
   v1::FeedMessage m;
+  bool regenerating = false;
   while (stream_->Read(&m)) {
     switch (m.kind_case()) {
       case v1::FeedMessage::kWork: {
@@ -261,6 +285,13 @@ absl::Status FeederProcess::ReadWork() {
       case v1::FeedMessage::kRelease:
         store_->Release(m.release().committed_steps());
         break;
+      case v1::FeedMessage::kRegenerate: {
+        if (!regenerating) LOG(INFO) << "regenerating the replies of data lines (data.regenerate)";
+        regenerating = true;
+        absl::MutexLock lock(&stop_mu_);
+        lines_.push_back(std::move(*m.mutable_regenerate()));
+        break;
+      }
       case v1::FeedMessage::kShutdown:
         LOG(INFO) << "shut down by the coordinator: " << m.shutdown().reason();
         return absl::OkStatus();
@@ -274,17 +305,32 @@ absl::Status FeederProcess::ReadWork() {
       absl::StrCat("the coordinator at ", o_.coordinator, " ended the Feed stream"));
 }
 
+std::multiset<double>::iterator FeederProcess::StartComputing(double now) {
+  absl::MutexLock lock(&computing_mu_);
+  return computing_.insert(now);
+}
+
+void FeederProcess::EndComputing(std::multiset<double>::iterator mark) {
+  absl::MutexLock lock(&computing_mu_);
+  computing_.erase(mark);
+}
+
+void FeederProcess::Fail(const absl::Status& error) {
+  SendError(std::string(error.message()));
+  {
+    absl::MutexLock lock(&stop_mu_);
+    if (compute_error_.ok()) compute_error_ = error;
+  }
+  feed_ctx_.TryCancel();
+}
+
 void FeederProcess::Compute() {
   const ComputeFeatures compute = [this](const std::vector<int64_t>& ids) {
     return features_->Compute(ids);
   };
   while (std::optional<ShardStore::Pending> p = store_->NextToCompute()) {
     const double started = RealClock::Get().Now();
-    std::multiset<double>::iterator mine;
-    {
-      absl::MutexLock lock(&computing_mu_);
-      mine = computing_.insert(started);
-    }
+    const auto mark = StartComputing(started);
     absl::StatusOr<std::vector<grpc::ByteBuffer>> chunks = BuildShard(p->work, layout_, compute);
     if (o_.slow_ms_per_sample > 0) {  // FLASHDRAFT_FAULT=slow-feeder: a slower device
       absl::SleepFor(absl::Milliseconds(o_.slow_ms_per_sample * p->work.samples_size()) -
@@ -294,23 +340,78 @@ void FeederProcess::Compute() {
       int64_t tokens = 0;
       for (const v1::FeedSample& sample : p->work.samples()) tokens += sample.length();
       metrics_->RecordShard(p->work.samples_size(), tokens, RealClock::Get().Now() - started);
-    }
-    if (!chunks.ok()) {
-      // The feeder is broken (out of memory, a bad model): the coordinator hears why, and the
-      // stream's end makes it give this feeder's work to others.
+    } else {
+      // The feeder is broken (out of memory, a bad model).
       LOG(ERROR) << "step " << p->key.step << " shard " << p->key.shard << ": " << chunks.status();
-      SendError(std::string(chunks.status().message()));
-      {
-        absl::MutexLock lock(&stop_mu_);
-        if (compute_error_.ok()) compute_error_ = chunks.status();
-      }
-      feed_ctx_.TryCancel();
+      Fail(chunks.status());
     }
-    {
-      absl::MutexLock lock(&computing_mu_);
-      computing_.erase(mine);
-    }
+    EndComputing(mark);
     store_->Complete(p->key, std::move(chunks));
+  }
+}
+
+absl::StatusOr<v1::RegeneratedLine> FeederProcess::RegenerateLine(
+    std::unique_ptr<ChatLineReader>& reader, const v1::RegenerateWork& work) {
+  const std::string tokenizer = o_.target_path + "/tokenizer.json";
+  FD_RETURN_IF_ERROR(tokenizer_crc32c_.status());
+  if (*tokenizer_crc32c_ != work.tokenizer_crc32c()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        tokenizer, " is not the coordinator's tokenizer (crc32c ", absl::Hex(*tokenizer_crc32c_),
+        ", the coordinator's ", absl::Hex(work.tokenizer_crc32c()), "): its replies would differ"));
+  }
+  if (reader == nullptr) {  // every line of a job has the job's max_new_tokens
+    reader = std::make_unique<ChatLineReader>(
+        ChatDataOptions{o_.target_path, tokenizer, work.max_new_tokens()}, features_->model());
+  }
+  std::vector<int64_t> ids, mask;
+  bool is_chat = false;
+  const int64_t vocab = features_->model().config().vocab_size;
+  if (absl::Status s = reader->Parse(work.text(), vocab, /*regenerate=*/true, ids, mask, &is_chat);
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("line ", work.line(), ": ", s.message()));
+  }
+  v1::RegeneratedLine out;
+  out.set_line(work.line());
+  out.mutable_input_ids()->Assign(ids.begin(), ids.end());
+  std::string* bytes = out.mutable_loss_mask();
+  for (const int64_t m : mask) bytes->push_back(static_cast<char>(m));
+  return out;
+}
+
+void FeederProcess::RegenerateLines() {
+  std::unique_ptr<ChatLineReader> reader;  // its own: a reader is not thread-safe
+  while (true) {
+    v1::RegenerateWork work;
+    {
+      absl::MutexLock lock(&stop_mu_);
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stop_mu_) { return stop_ || !lines_.empty(); };
+      stop_mu_.Await(absl::Condition(&ready));
+      if (stop_) return;
+      work = std::move(lines_.front());
+      lines_.pop_front();
+    }
+    // Not a computation the stall watch times (FeederStatus.computing_seconds): a long chat's
+    // replies may rightly take longer than any shard.
+    const double started = RealClock::Get().Now();
+    absl::StatusOr<v1::RegeneratedLine> line = RegenerateLine(reader, work);
+    if (o_.slow_ms_per_sample > 0) {  // FLASHDRAFT_FAULT=slow-feeder: a slower device
+      absl::SleepFor(absl::Milliseconds(o_.slow_ms_per_sample) -
+                     absl::Seconds(RealClock::Get().Now() - started));
+    }
+    if (!line.ok()) {
+      LOG(ERROR) << "regenerating: " << line.status();
+      Fail(line.status());
+      return;
+    }
+    int64_t reply_tokens = 0;
+    for (const char m : line->loss_mask()) reply_tokens += m != 0;
+    metrics_->RecordRegenerated(reply_tokens, RealClock::Get().Now() - started);
+    v1::FeederMessage m;
+    m.set_session_token(token_);
+    *m.mutable_regenerated() = std::move(*line);
+    absl::MutexLock lock(&write_mu_);
+    stream_->Write(m);
   }
 }
 

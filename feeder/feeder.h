@@ -1,6 +1,7 @@
 // The feeder process (docs/ARCHITECTURE.md, "Feeders"): serves FetchShard, joins the coordinator
-// with its target's fingerprint and numeric environment, opens the target, then computes the
-// shards its Feed stream assigns until the coordinator shuts it down or goes away.
+// with its target's fingerprint, tokenizer and numeric environment, opens the target, then
+// regenerates the data lines (data.regenerate) and computes the shards its Feed stream assigns
+// until the coordinator shuts it down or goes away.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +38,8 @@ struct FeederOptions {
   std::string metrics_listen;
   std::string metrics_port_file;
   // FLASHDRAFT_FAULT=slow-feeder:ms=N (feeder/feeder_fault.h): each shard's forward takes at least
-  // N ms per sample, standing in for a device's capture time. 0: as fast as it computes.
+  // N ms per sample (and each regenerated line N ms), standing in for a device's capture time.
+  // 0: as fast as it computes.
   int slow_ms_per_sample = 0;
 };
 

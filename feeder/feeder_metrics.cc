@@ -18,6 +18,18 @@ FeederMetrics::FeederMetrics(const std::string& device,
       &e.Gauge("flashdraft_feeder_held_bytes", "Computed features held until their step commits");
   max_bytes_ = &e.Gauge("flashdraft_feeder_max_bytes", "The bound on them (--max-bytes)");
   pending_ = &e.Gauge("flashdraft_feeder_pending_shards", "Shards assigned, not computed yet");
+  regenerated_lines_ = &e.Counter("flashdraft_feeder_regenerated_lines_total",
+                                  "Data lines whose replies this feeder regenerated");
+  generated_tokens_ = &e.Counter("flashdraft_feeder_generated_tokens_total",
+                                 "Tokens of the target's replies it generated for them");
+  regenerate_ = &e.Seconds("flashdraft_feeder_regenerate_duration_seconds",
+                           "Time to regenerate one data line's replies");
+}
+
+void FeederMetrics::RecordRegenerated(int64_t new_tokens, double seconds) {
+  regenerated_lines_->Increment();
+  generated_tokens_->Increment(static_cast<double>(new_tokens));
+  regenerate_->Observe(seconds);
 }
 
 void FeederMetrics::RecordShard(int64_t samples, int64_t tokens, double seconds) {

@@ -26,6 +26,8 @@ class FeederMetrics {
 
   // A shard computed: its samples, tokens and the seconds its target forward took.
   void RecordShard(int64_t samples, int64_t tokens, double seconds);
+  // A data line's replies regenerated (data.regenerate): the tokens generated and the seconds.
+  void RecordRegenerated(int64_t new_tokens, double seconds);
   // A worker fetched a shard: the bytes written to it.
   void AddSentBytes(uint64_t bytes);
   // The store's state: computed features held (and the bound), shards assigned not computed yet.
@@ -43,6 +45,9 @@ class FeederMetrics {
   prometheus::Gauge* held_bytes_;
   prometheus::Gauge* max_bytes_;
   prometheus::Gauge* pending_;
+  prometheus::Counter* regenerated_lines_;
+  prometheus::Counter* generated_tokens_;
+  prometheus::Histogram* regenerate_;
 };
 
 }  // namespace flashdraft

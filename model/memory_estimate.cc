@@ -52,8 +52,8 @@ void Add(ProcessMemory& p, std::string what, int64_t bytes, bool on_gpu = false)
 }
 
 // The target's weights and forward in a process that holds it: one that computes the features
-// (the coordinator without feeders, a feeder), and one that `generates` (the coordinator, with
-// regeneration or evaluation).
+// (the coordinator without feeders, a feeder), and one that `generates` (whoever regenerates the
+// replies, the coordinator alone or the feeders; the coordinator for evaluation).
 void AddTargetParts(const JobConfig& job, const MemoryInputs& in, bool computes_features,
                     bool generates, ProcessMemory& c) {
   const TargetModelConfig& t = in.target;
@@ -90,8 +90,17 @@ ProcessMemory CoordinatorMemory(const JobConfig& job, const MemoryInputs& in, in
   const DrafterModelConfig& d = in.drafter;
   ProcessMemory c{"coordinator", {}};
   Add(c, "runtime (LibTorch, gRPC)", kRuntimeBytes);
-  if (in.online_target) {
-    AddTargetParts(job, in, /*computes_features=*/feeders == 0, /*generates=*/true, c);
+  if (in.online_target && feeders == 0) {
+    AddTargetParts(job, in, /*computes_features=*/true, /*generates=*/true, c);
+  } else if (in.online_target) {
+    // The feeders run the target (features, regeneration): the coordinator loads its embedding
+    // and lm_head only, and a whole replica to evaluate.
+    const int64_t dsize = job.target.device == "cuda" && job.target.dtype == "bfloat16" ? 2 : 4;
+    Add(c, "target embedding and lm_head (no decoder layer: the feeders run them)",
+        FrozenBytes(d) / 4 * dsize);
+    if (job.eval.every_steps > 0) {
+      AddTargetParts(job, in, /*computes_features=*/false, /*generates=*/true, c);
+    }
   }
   Add(c, "frozen embeddings served to workers (fp32, mapped)", FrozenBytes(d));
   // With feeders the features go from them to the workers, never through the coordinator.
@@ -134,7 +143,7 @@ ProcessMemory WorkerMemory(const JobConfig& job, const MemoryInputs& in, int wor
 ProcessMemory FeederMemory(const JobConfig& job, const MemoryInputs& in, int64_t max_bytes) {
   ProcessMemory f{"feeder", {}};
   Add(f, "runtime (LibTorch, gRPC)", kRuntimeBytes);
-  AddTargetParts(job, in, /*computes_features=*/true, /*generates=*/false, f);
+  AddTargetParts(job, in, /*computes_features=*/true, /*generates=*/job.data.regenerate, f);
   Add(f, "computed features held (the prefetch window, at most --max-bytes)",
       std::min(max_bytes, PrefetchBytes(job, in.drafter)));
   return f;

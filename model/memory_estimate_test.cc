@@ -96,16 +96,23 @@ TEST(MemoryEstimateTest, FeedersHoldTheTargetAndTheCoordinatorNoFeatures) {
   EXPECT_GT(Part(alone.coordinator, "prefetched features"), 0);
   const JobMemory fed = EstimateJobMemory(job, in, 2, 3);
   EXPECT_EQ(Part(fed.coordinator, "prefetched features"), -1);
-  // The coordinator still runs a forward to regenerate; with neither regeneration nor evaluation
-  // it runs none.
-  EXPECT_GT(Part(fed.coordinator, "target forward"), 0);
-  job.data.regenerate = false;
-  EXPECT_EQ(Part(EstimateJobMemory(job, in, 2, 3).coordinator, "target forward"), -1);
+  // The feeders run the target: the coordinator loads its embedding and lm_head, and runs no
+  // target forward but to evaluate.
+  EXPECT_EQ(Part(fed.coordinator, "target weights"), -1);
+  EXPECT_EQ(Part(fed.coordinator, "target embedding and lm_head"),
+            2 * in.target.vocab_size * in.target.hidden_size * 4);
+  EXPECT_EQ(Part(fed.coordinator, "target forward"), -1);
+  EXPECT_EQ(Part(fed.coordinator, "KV cache"), -1);
   EXPECT_GT(Part(EstimateJobMemory(job, in, 2, 0).coordinator, "target forward"), 0);
+  job.eval.every_steps = 100;
+  EXPECT_GT(Part(EstimateJobMemory(job, in, 2, 3).coordinator, "KV cache"), 0);
+  job.eval.every_steps = 0;
+  job.data.regenerate = false;
+  EXPECT_EQ(Part(EstimateJobMemory(job, in, 2, 3).feeder, "KV cache"), -1);
   job.data.regenerate = true;
   EXPECT_EQ(Part(fed.feeder, "target weights (fp32)"), TargetParameterCount(in.target) * 4);
   EXPECT_GT(Part(fed.feeder, "target forward"), 0);
-  EXPECT_EQ(Part(fed.feeder, "KV cache"), -1);  // regeneration runs on the coordinator
+  EXPECT_GT(Part(fed.feeder, "KV cache"), 0);  // the feeders regenerate the replies
   EXPECT_EQ(Part(fed.feeder, "computed features held"),
             std::min(kDefaultFeederMaxBytes, Part(alone.coordinator, "prefetched features")));
   // A feeder's --max-bytes bounds what it holds, whichever way.

@@ -44,7 +44,8 @@ absl::Status WriteFrozenTargetTensors(const TargetModel& model, const std::strin
 }
 
 absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Load(const std::string& dir,
-                                                               torch::ScalarType dtype) {
+                                                               torch::ScalarType dtype,
+                                                               bool without_layers) {
   FD_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/config.json"));
   FD_ASSIGN_OR_RETURN(TargetModelConfig c, ParseTargetConfig(text, dir + "/config.json"));
   FD_ASSIGN_OR_RETURN(auto weights, SafetensorsModel::Open(dir));
@@ -53,12 +54,13 @@ absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Load(const std::string
       [&](const std::string& name, const std::vector<int64_t>& shape) {
         return LoadFloatWeight(*weights, name, shape, dtype);
       },
-      [&](const std::string& name) { return weights->Contains(name); });
+      [&](const std::string& name) { return weights->Contains(name); }, /*trainable=*/false,
+      without_layers);
 }
 
 absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::FromWeights(
     const TargetModelConfig& c, const WeightGetter& load,
-    const std::function<bool(const std::string&)>& has, bool trainable) {
+    const std::function<bool(const std::string&)>& has, bool trainable, bool without_layers) {
   auto model = std::unique_ptr<TargetModel>(new TargetModel());
   model->config_ = c;
   model->trainable_ = trainable;
@@ -72,7 +74,7 @@ absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::FromWeights(
   } else {
     model->lm_head_ = model->embed_;
   }
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+  for (int64_t i = 0; i < (without_layers ? 0 : c.num_hidden_layers); ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     Layer l;
     FD_ASSIGN_OR_RETURN(l.input_norm, load(p + "input_layernorm.weight", {h}));
@@ -181,6 +183,10 @@ torch::Tensor TargetModel::DecoderLayer(int64_t i, const torch::Tensor& x_in,
 absl::Status TargetModel::CheckInput(const torch::Tensor& input_ids,
                                      const std::vector<int>& layer_ids) const {
   const TargetModelConfig& c = config_;
+  if (static_cast<int64_t>(layers_.size()) != c.num_hidden_layers) {
+    return absl::FailedPreconditionError(
+        "the target was loaded without its decoder layers (feeders run it): no forward here");
+  }
   for (int id : layer_ids) {
     if (id < 0 || id >= c.num_hidden_layers) {
       return absl::InvalidArgumentError(

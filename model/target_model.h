@@ -51,9 +51,12 @@ struct TargetOutput {
 
 class TargetModel {
  public:
-  // Loads `dir` (config.json + weights); errors name the file and the tensor.
+  // Loads `dir` (config.json + weights); errors name the file and the tensor. `without_layers`
+  // loads the embedding, final norm and lm_head only (a coordinator whose feeders run the target):
+  // Forward then refuses.
   static absl::StatusOr<std::unique_ptr<TargetModel>> Load(
-      const std::string& dir, torch::ScalarType dtype = torch::kFloat32);
+      const std::string& dir, torch::ScalarType dtype = torch::kFloat32,
+      bool without_layers = false);
 
   // Runs input_ids [b, S] (continuing `cache` when given, positions offset by its length).
   // Layer ids must be in [0, num_hidden_layers).
@@ -69,7 +72,8 @@ class TargetModel {
       std::function<absl::StatusOr<torch::Tensor>(const std::string&, const std::vector<int64_t>&)>;
   static absl::StatusOr<std::unique_ptr<TargetModel>> FromWeights(
       const TargetModelConfig& config, const WeightGetter& get,
-      const std::function<bool(const std::string&)>& has, bool trainable = false);
+      const std::function<bool(const std::string&)>& has, bool trainable = false,
+      bool without_layers = false);
 
   // Moves the weights to `device` (target.device: cuda); Forward then runs there, whatever device
   // its input_ids are on, and returns tensors on it.

@@ -247,9 +247,9 @@ TEST(OnlineTargetTest, RegeneratedRepliesAreKeptForTheNextStart) {
                                                ", regenerate: true, max_new_tokens: 12}\n"
                                                "train: {max_steps: 3, global_batch_size: 4}\n"))
                   .ok());
-  auto launch = [&](const std::string& out) {
+  auto launch = [&](const std::string& out, const std::string& flags = "") {
     return RunCommand(absl::StrCat(kCli, " launch ", dir.Join("job.yaml"), " --workers 1 --out ",
-                                   dir.Join(out), " 2>&1"));
+                                   dir.Join(out), " ", flags, " 2>&1"));
   };
   auto first = launch("a");
   ASSERT_EQ(first.exit_code, 0) << first.output;
@@ -263,6 +263,21 @@ TEST(OnlineTargetTest, RegeneratedRepliesAreKeptForTheNextStart) {
   EXPECT_THAT(second.output, HasSubstr("12 line(s) read from"));
   EXPECT_TRUE(*ReadFile(dir.Join("a/drafter/model.safetensors")) ==
               *ReadFile(dir.Join("b/drafter/model.safetensors")));
+  // A feeder regenerates them instead: the same drafter, and replies kept as the coordinator
+  // keeps them (a job without feeders reads them).
+  auto fed = launch("d", "--feeders 1");
+  ASSERT_EQ(fed.exit_code, 0) << fed.output;
+  EXPECT_THAT(fed.output, HasSubstr("the feeders regenerate the replies of 12 line(s)"));
+  EXPECT_TRUE(*ReadFile(dir.Join("a/drafter/model.safetensors")) ==
+              *ReadFile(dir.Join("d/drafter/model.safetensors")));
+  std::filesystem::create_directories(dir.Join("e"));
+  std::filesystem::copy_file(dir.Join("d/regenerated-replies.bin"),
+                             dir.Join("e/regenerated-replies.bin"));
+  auto read_back = launch("e");
+  ASSERT_EQ(read_back.exit_code, 0) << read_back.output;
+  EXPECT_THAT(read_back.output, HasSubstr("12 line(s) read from"));
+  EXPECT_TRUE(*ReadFile(dir.Join("a/drafter/model.safetensors")) ==
+              *ReadFile(dir.Join("e/drafter/model.safetensors")));
   // Another data file: the kept replies are not used.
   const std::string chats = *ReadFile(dir.Join("chats.jsonl"));
   ASSERT_TRUE(

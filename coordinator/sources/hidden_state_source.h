@@ -43,6 +43,29 @@ class HiddenStateSource {
   virtual void Prefetch(const std::vector<uint64_t>& indices) const { (void)indices; }
 };
 
+// data.regenerate with target feeders: the data lines whose replies the feeders regenerate before
+// the job plans its first step (docs/ARCHITECTURE.md, "Feeders"). Until each is Complete, the
+// source cannot give those lines' samples (GetTokens fails), so nothing may plan before.
+class DeferredReplies {
+ public:
+  struct Line {
+    int64_t line_no = 0;  // 1-based, in the data file
+    std::string text;
+  };
+  virtual ~DeferredReplies() = default;
+  // The lines still to regenerate, in file order, their texts handed over (the data set's text is
+  // held once): asked for once.
+  virtual std::vector<Line> TakePending() = 0;
+  virtual int64_t max_new_tokens() const = 0;
+  // The CRC-32C of the tokenizer.json the lines are tokenized with: a feeder's must match.
+  virtual uint32_t tokenizer_crc32c() const = 0;
+  // A feeder's answer for pending line `line_no`: checked (ids of the vocabulary, a 0/1 mask of
+  // the same length; an error says what is wrong), truncated to the job's max_seq_len, kept in
+  // the job's regenerated replies and made the line's sample.
+  virtual absl::Status Complete(int64_t line_no, std::vector<int64_t> ids,
+                                std::vector<int64_t> mask) = 0;
+};
+
 // A source with what the coordinator needs besides the samples.
 struct SourceBundle {
   std::unique_ptr<HiddenStateSource> source;
@@ -51,6 +74,8 @@ struct SourceBundle {
   // Safetensors with the frozen embed_tokens.weight (F32) and lm_head.weight unless tied.
   std::string target_tensors_path;
   std::string label;  // the data, for errors ("DIR" or "target DIR + data FILE")
+  // Into `source`: the replies feeders regenerate (null: none, or regenerated already).
+  DeferredReplies* deferred_replies = nullptr;
 };
 
 }  // namespace flashdraft

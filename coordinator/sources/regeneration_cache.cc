@@ -40,19 +40,12 @@ std::string Header(const std::string& key) {
   return h;
 }
 
-// "<bytes> bytes, crc32c <hex>" of a file read in pieces (a data set is gigabytes), or "missing".
+// "<bytes> bytes, crc32c <hex>" of a file, or "missing".
 std::string FileCrc(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "missing";
-  std::vector<char> buffer(1 << 20);
-  uint32_t crc = 0;
   uint64_t bytes = 0;
-  while (in) {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    crc = Crc32cExtend(crc, buffer.data(), static_cast<size_t>(in.gcount()));
-    bytes += static_cast<uint64_t>(in.gcount());
-  }
-  return absl::StrCat(bytes, " bytes, crc32c ", absl::Hex(crc, absl::kZeroPad8));
+  const absl::StatusOr<uint32_t> crc = FileCrc32c(path, &bytes);
+  if (!crc.ok()) return "missing";
+  return absl::StrCat(bytes, " bytes, crc32c ", absl::Hex(*crc, absl::kZeroPad8));
 }
 
 std::string WeightFiles(const std::string& target_dir) {
@@ -69,6 +62,22 @@ std::string WeightFiles(const std::string& target_dir) {
 }
 
 }  // namespace
+
+absl::StatusOr<uint32_t> FileCrc32c(const std::string& path, uint64_t* bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::vector<char> buffer(1 << 20);  // in pieces: a data set is gigabytes
+  uint32_t crc = 0;
+  uint64_t size = 0;
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    crc = Crc32cExtend(crc, buffer.data(), static_cast<size_t>(in.gcount()));
+    size += static_cast<uint64_t>(in.gcount());
+  }
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
+  if (bytes != nullptr) *bytes = size;
+  return crc;
+}
 
 std::string RegenerationKey(const std::string& target, const std::string& target_dir,
                             const std::string& data_path, int64_t max_new_tokens,

@@ -63,6 +63,9 @@ class RegenerationCache {
   std::string note_;
 };
 
+// The CRC-32C of a whole file (read in pieces) and, in `bytes`, its size; an error names the file.
+absl::StatusOr<uint32_t> FileCrc32c(const std::string& path, uint64_t* bytes = nullptr);
+
 // The key of a job's regenerated replies: the parts they depend on, readable in a log line.
 // `target` names the model and where it runs (its fingerprint, device, dtype); the target folder's
 // weight files count by name, size and modification time (another checkpoint of the same layout is

@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<TargetFeatures>> TargetFeatures::Open(
     return absl::InvalidArgumentError(absl::StrCat("target.device '", o.device, "'"));
   }
   const bool gpu = o.device == "cuda";
-  if (gpu && !torch::cuda::is_available()) {
+  if (gpu && !o.without_layers && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError(
         "target.device is cuda, but this process's LibTorch has no CUDA device (Debian's "
         "libtorch is CPU-only: build against a CUDA LibTorch, see docs/GPU.md)");
@@ -70,10 +70,12 @@ absl::StatusOr<std::unique_ptr<TargetFeatures>> TargetFeatures::Open(
   f->options_ = o;
   FD_ASSIGN_OR_RETURN(
       f->model_,
-      TargetModel::Load(o.target_dir, gpu && o.feature_dtype == DType::kBF16 ? torch::kBFloat16
-                                                                             : torch::kFloat32));
+      TargetModel::Load(o.target_dir,
+                        gpu && o.feature_dtype == DType::kBF16 ? torch::kBFloat16 : torch::kFloat32,
+                        o.without_layers));
   const TargetModelConfig& t = f->model_->config();
-  if (gpu) FD_RETURN_IF_ERROR(PlaceOnGpu(*f->model_, o));
+  // Without layers, in the dtype the GPU would hold (the frozen tensors are the same bits).
+  if (gpu && !o.without_layers) FD_RETURN_IF_ERROR(PlaceOnGpu(*f->model_, o));
   f->layers_ = o.layer_ids.empty()
                    ? DefaultTargetLayerIds(static_cast<int>(t.num_hidden_layers), o.num_features)
                    : o.layer_ids;

@@ -26,6 +26,9 @@ struct TargetFeatureOptions {
   // "cpu" | "cuda" (target.device): cuda runs the target on the first visible GPU in the feature
   // dtype; the CPU runs it in fp32.
   std::string device = "cpu";
+  // The embedding, final norm and lm_head only, in the dtype `device` would hold but on the CPU (a
+  // coordinator whose feeders compute the features and regenerate): Compute fails.
+  bool without_layers = false;
 };
 
 // What the job says about the features (target.layer_ids and dtype and device, the drafter's

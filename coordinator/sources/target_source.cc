@@ -42,8 +42,7 @@ absl::StatusOr<std::unique_ptr<RegenerationCache>> TargetModelSource::OpenRegene
   const std::string key = RegenerationKey(
       absl::StrCat(fingerprint.config_sha256, "/", fingerprint.tensors_sha256, " on ",
                    o.target.device, " in ", DTypeName(o.target.feature_dtype)),
-      o.target.target_dir, o.data_jsonl, o.max_new_tokens,
-      o.tokenizer.empty() ? o.target.target_dir + "/tokenizer.json" : o.tokenizer);
+      o.target.target_dir, o.data_jsonl, o.max_new_tokens, TokenizerPath());
   absl::StatusOr<std::unique_ptr<RegenerationCache>> cache =
       RegenerationCache::Open(o.regeneration_cache, key);
   if (!cache.ok()) {  // only an optimisation: the replies are regenerated
@@ -61,38 +60,75 @@ absl::StatusOr<std::unique_ptr<RegenerationCache>> TargetModelSource::OpenRegene
 namespace {
 
 // A kept reply that can stand for the line: tokens, each an id of the vocabulary, masks 0 or 1.
-bool UsableReply(const RegenerationCache::Entry& e, int64_t vocab) {
-  if (e.ids.empty() || e.ids.size() != e.mask.size()) return false;
-  for (size_t i = 0; i < e.ids.size(); ++i) {
-    if (e.ids[i] < 0 || e.ids[i] >= vocab || (e.mask[i] != 0 && e.mask[i] != 1)) return false;
+bool UsableReply(const std::vector<int64_t>& ids, const std::vector<int64_t>& mask, int64_t vocab) {
+  if (ids.empty() || ids.size() != mask.size()) return false;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab || (mask[i] != 0 && mask[i] != 1)) return false;
   }
   return true;
 }
 
 }  // namespace
 
-absl::Status TargetModelSource::ParseLine(ChatLineReader& reader,
-                                          std::unique_ptr<RegenerationCache>& cache,
-                                          const std::string& line, int64_t line_no,
-                                          std::vector<int64_t>& ids, std::vector<int64_t>& mask) {
+absl::Status TargetModelSource::ParseLine(ChatLineReader& reader, const std::string& line,
+                                          int64_t line_no, std::vector<int64_t>& ids,
+                                          std::vector<int64_t>& mask) {
   const int64_t vocab = features_->model().config().vocab_size;
   bool is_chat = false;
   FD_RETURN_IF_ERROR(reader.Parse(line, vocab, /*regenerate=*/false, ids, mask, &is_chat));
   if (!is_chat || !options_.regenerate) return absl::OkStatus();
-  std::optional<RegenerationCache::Entry> kept = cache ? cache->Take(line_no) : std::nullopt;
-  if (kept && UsableReply(*kept, vocab)) {
+  std::optional<RegenerationCache::Entry> kept = cache_ ? cache_->Take(line_no) : std::nullopt;
+  if (kept && UsableReply(kept->ids, kept->mask, vocab)) {
     ids = std::move(kept->ids);
     mask = std::move(kept->mask);
     return absl::OkStatus();
   }
   if (kept) LOG(WARNING) << "regenerated replies: line " << line_no << " kept unusable; again";
-  FD_RETURN_IF_ERROR(reader.Parse(line, vocab, /*regenerate=*/true, ids, mask, &is_chat));
-  if (cache) {
-    if (absl::Status s = cache->Append(line_no, ids, mask); !s.ok()) {
-      LOG(WARNING) << "regenerated replies are no longer kept: " << s.message();
-      cache.reset();  // only an optimisation: the job goes on
-    }
+  if (options_.defer_regeneration) {  // the feeders answer it (Complete)
+    pending_[line_no] = {ids_.size(), line};
+    ids.clear();
+    mask.clear();
+    return absl::OkStatus();
   }
+  FD_RETURN_IF_ERROR(reader.Parse(line, vocab, /*regenerate=*/true, ids, mask, &is_chat));
+  Keep(line_no, ids, mask);
+  return absl::OkStatus();
+}
+
+void TargetModelSource::Keep(int64_t line_no, const std::vector<int64_t>& ids,
+                             const std::vector<int64_t>& mask) {
+  if (!cache_) return;
+  if (absl::Status s = cache_->Append(line_no, ids, mask); !s.ok()) {
+    LOG(WARNING) << "regenerated replies are no longer kept: " << s.message();
+    cache_.reset();
+  }
+}
+
+std::vector<DeferredReplies::Line> TargetModelSource::TakePending() {
+  std::vector<Line> lines;
+  for (auto& [line_no, p] : pending_) lines.push_back({line_no, std::move(p.text)});
+  return lines;
+}
+
+absl::Status TargetModelSource::Complete(int64_t line_no, std::vector<int64_t> ids,
+                                         std::vector<int64_t> mask) {
+  auto it = pending_.find(line_no);
+  if (it == pending_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("line ", line_no, " is not to regenerate"));
+  }
+  if (!UsableReply(ids, mask, features_->model().config().vocab_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "line ", line_no, ": ", ids.size(), " token(s) and ", mask.size(),
+        " mask value(s), not one of each with ids of the vocabulary and masks 0 or 1"));
+  }
+  Keep(line_no, ids, mask);
+  if (static_cast<int64_t>(ids.size()) > options_.target.max_seq_len) {
+    ids.resize(options_.target.max_seq_len);
+    mask.resize(options_.target.max_seq_len);
+  }
+  ids_[it->second.index] = std::move(ids);
+  masks_[it->second.index] = std::move(mask);
+  pending_.erase(it);
   return absl::OkStatus();
 }
 
@@ -100,13 +136,15 @@ absl::Status TargetModelSource::Tokenize() {
   const TargetSourceOptions& o = options_;
   std::ifstream in(o.data_jsonl);
   if (!in) return absl::NotFoundError(absl::StrCat(o.data_jsonl, ": cannot open"));
-  FD_ASSIGN_OR_RETURN(std::unique_ptr<RegenerationCache> cache, OpenRegenerationCache());
+  FD_ASSIGN_OR_RETURN(cache_, OpenRegenerationCache());
   std::error_code size_error;
   const auto size = std::filesystem::file_size(o.data_jsonl, size_error);
   const double bytes = size_error ? 0.0 : static_cast<double>(size);
   // Long with data.regenerate (the target answers every prompt): the log tells how far it is.
   Progress progress = Progress::ForLog(
-      absl::StrCat(o.regenerate ? "tokenizing and regenerating " : "tokenizing ", o.data_jsonl),
+      absl::StrCat(
+          o.regenerate && !o.defer_regeneration ? "tokenizing and regenerating " : "tokenizing ",
+          o.data_jsonl),
       bytes, "B");
   ChatLineReader reader({o.target.target_dir, o.tokenizer, o.max_new_tokens}, features_->model());
   std::string line;
@@ -115,7 +153,7 @@ absl::Status TargetModelSource::Tokenize() {
   while (std::getline(in, line)) {
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    if (absl::Status st = ParseLine(reader, cache, line, line_no, ids, mask); !st.ok()) {
+    if (absl::Status st = ParseLine(reader, line, line_no, ids, mask); !st.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(o.data_jsonl, ":", line_no, ": ", st.message()));
     }
@@ -130,6 +168,12 @@ absl::Status TargetModelSource::Tokenize() {
                     absl::StrCat(ids_.size(), " samples"));
   }
   progress.Finish(absl::StrCat(ids_.size(), " samples"), /*always=*/true);
+  if (!pending_.empty()) {
+    LOG(INFO) << pending_.size() << " line(s) to regenerate: the feeders answer them";
+    FD_ASSIGN_OR_RETURN(tokenizer_crc32c_, FileCrc32c(TokenizerPath()));
+  } else {
+    cache_.reset();  // nothing more to keep
+  }
   return absl::OkStatus();
 }
 
@@ -153,6 +197,10 @@ absl::StatusOr<std::vector<uint8_t>> TargetModelSource::Compute(uint64_t index) 
 absl::StatusOr<Sample> TargetModelSource::GetTokens(uint64_t index) const {
   if (index >= ids_.size()) {
     return absl::OutOfRangeError(absl::StrCat("sample ", index, " of ", ids_.size()));
+  }
+  if (!pending_.empty() && ids_[index].empty()) {  // a pending line's sample
+    return absl::FailedPreconditionError(
+        absl::StrCat("sample ", index, " waits for the feeders to regenerate its replies"));
   }
   Sample s;
   s.index = index;
@@ -241,6 +289,10 @@ absl::StatusOr<SourceBundle> OpenTargetSource(const JobConfig& j) {
   o.regenerate = j.data.regenerate;
   o.max_new_tokens = j.data.max_new_tokens;
   o.regeneration_cache = j.output_dir + "/regenerated-replies.bin";
+  // With feeders, they compute the features and regenerate the replies: the coordinator loads
+  // what the workers fetch (embedding, lm_head) and no decoder layer.
+  o.defer_regeneration = j.cluster.min_feeders > 0;
+  o.target.without_layers = j.cluster.min_feeders > 0;
   o.max_cached = static_cast<size_t>(std::max(1, j.data.prefetch_steps + 1) *
                                      std::max(1, j.train.global_batch_size));
   std::error_code ec;
@@ -255,6 +307,7 @@ absl::StatusOr<SourceBundle> OpenTargetSource(const JobConfig& j) {
   // The frozen tensors the workers fetch, as the offline path stores them.
   b.target_tensors_path = j.output_dir + "/target.safetensors";
   FD_RETURN_IF_ERROR(WriteFrozenTargetTensors(model, b.target_tensors_path));
+  if (source->pending_lines() > 0) b.deferred_replies = source.get();
   b.source = std::move(source);
   return b;
 }

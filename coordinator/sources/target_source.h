@@ -35,11 +35,14 @@ struct TargetSourceOptions {
   // With regenerate: the file the replies are kept in (regeneration_cache.h), so that opening
   // the same job again reads them instead of answering every prompt again. Empty: not kept.
   std::string regeneration_cache;
+  // With regenerate: the chats are not answered here but by target feeders, through
+  // DeferredReplies, before the first step is planned.
+  bool defer_regeneration = false;
   int threads = 1;          // background forward threads
   size_t max_cached = 256;  // samples computed ahead at most
 };
 
-class TargetModelSource : public HiddenStateSource {
+class TargetModelSource : public HiddenStateSource, public DeferredReplies {
  public:
   static absl::StatusOr<std::unique_ptr<TargetModelSource>> Open(const TargetSourceOptions& o);
   ~TargetModelSource() override;
@@ -54,6 +57,15 @@ class TargetModelSource : public HiddenStateSource {
   absl::StatusOr<Sample> GetTokens(uint64_t index) const override;
   void Prefetch(const std::vector<uint64_t>& indices) const ABSL_LOCKS_EXCLUDED(mu_) override;
 
+  // DeferredReplies (options.defer_regeneration). Called by one thread, before anything plans or
+  // asks for a sample: the samples they complete are not guarded.
+  std::vector<Line> TakePending() override;
+  size_t pending_lines() const { return pending_.size(); }
+  int64_t max_new_tokens() const override { return options_.max_new_tokens; }
+  uint32_t tokenizer_crc32c() const override { return tokenizer_crc32c_; }
+  absl::Status Complete(int64_t line_no, std::vector<int64_t> ids,
+                        std::vector<int64_t> mask) override;
+
   const std::vector<int>& layer_ids() const { return features_->layer_ids(); }
   const TargetModel& model() const { return features_->model(); }
   // Samples computed so far (on demand and ahead), for tests and metrics.
@@ -63,12 +75,17 @@ class TargetModelSource : public HiddenStateSource {
   // Reads and tokenizes options_.data_jsonl into ids_ and masks_ (regenerating replies with
   // data.regenerate); an error names the file and line.
   absl::Status Tokenize();
-  // One data line into `ids` and `mask`, regenerated (and kept in `cache`, or read from it) when
-  // the job regenerates and the line is a chat.
-  // A cache that fails to write is dropped (`cache` reset): it is only an optimisation.
-  absl::Status ParseLine(ChatLineReader& reader, std::unique_ptr<RegenerationCache>& cache,
-                         const std::string& line, int64_t line_no, std::vector<int64_t>& ids,
-                         std::vector<int64_t>& mask);
+  // One data line into `ids` and `mask`, regenerated (and kept in cache_, or read from it) when
+  // the job regenerates and the line is a chat; left empty, pending, when feeders regenerate it.
+  absl::Status ParseLine(ChatLineReader& reader, const std::string& line, int64_t line_no,
+                         std::vector<int64_t>& ids, std::vector<int64_t>& mask);
+  // Keeps a regenerated line in cache_; a cache that fails to write is dropped (only an
+  // optimisation: the job goes on).
+  void Keep(int64_t line_no, const std::vector<int64_t>& ids, const std::vector<int64_t>& mask);
+  std::string TokenizerPath() const {
+    return options_.tokenizer.empty() ? options_.target.target_dir + "/tokenizer.json"
+                                      : options_.tokenizer;
+  }
   // The cache of options_.regeneration_cache for this target and data (null: none).
   absl::StatusOr<std::unique_ptr<RegenerationCache>> OpenRegenerationCache() const;
   TargetModelSource() = default;
@@ -80,6 +97,13 @@ class TargetModelSource : public HiddenStateSource {
   TargetSourceOptions options_;
   std::unique_ptr<TargetFeatures> features_;
   std::vector<std::vector<int64_t>> ids_, masks_;
+  std::unique_ptr<RegenerationCache> cache_;  // null: replies not kept (or nothing regenerated)
+  uint32_t tokenizer_crc32c_ = 0;             // with defer_regeneration
+  struct PendingLine {
+    uint64_t index = 0;  // its sample
+    std::string text;    // until TakePending
+  };
+  std::map<int64_t, PendingLine> pending_;  // by line number: the feeders' to regenerate
 
   mutable absl::Mutex mu_;
   mutable std::deque<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // announced, not yet started

@@ -1,11 +1,15 @@
 // libFuzzer: what a feeder reads off the wire — a FeedMessage from the coordinator (its ShardWork
 // checked by ShardFeatureBytes, then built into chunks and held in the shard store) and a worker's
-// FetchShardRequest against that store. Bounded allocation: the work's feature bytes are checked
-// before anything is computed.
+// FetchShardRequest against that store — and what the coordinator reads from a feeder: a
+// FeederMessage whose regenerated line becomes a sample's tokens (RegeneratedTokens). Bounded
+// allocation: the work's feature bytes are checked before anything is computed, an answer's
+// lengths before anything is copied. (A RegenerateWork's text goes to the chat-line parser,
+// which fuzz_chat_line covers.)
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "coordinator/feeder_pool.h"
 #include "feeder/shard_builder.h"
 #include "feeder/shard_store.h"
 #include "flashdraft/v1/feeder.pb.h"
@@ -39,5 +43,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     store.CancelWait(id);
   }
   store.Shutdown(absl::CancelledError("done"));
+  v1::FeederMessage answer;
+  if (answer.ParseFromArray(data, static_cast<int>(size)) && answer.has_regenerated()) {
+    std::vector<int64_t> ids, mask;
+    if (RegeneratedTokens(answer.regenerated(), ids, mask).ok() &&
+        (ids.size() != mask.size() || ids.empty())) {
+      __builtin_trap();  // an accepted answer is one token and one mask value per position
+    }
+  }
   return 0;
 }

@@ -121,3 +121,7 @@ work = message(1, b"t-3-0") + message(2, header) + message(3, sample)
 put("feed_message", "work.bin", message(1, work))
 put("feed_message", "release.bin", message(2, field(1, 0, varint(4))))
 put("feed_message", "fetch.bin", message(1, b"t-3-0") + field(2, 0, varint(3)))
+# ... and a feeder's answer to the coordinator: a FeederMessage (session token) with a regenerated
+# line 7 of 3 tokens and its mask.
+answer = field(1, 0, varint(7)) + message(2, varint(5) + varint(6) + varint(7)) + message(3, b"\x00\x01\x01")
+put("feed_message", "regenerated.bin", message(2, b"tok") + message(5, answer))
