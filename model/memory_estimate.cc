@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "model/loss_chunks.h"
@@ -257,13 +258,20 @@ absl::Status CheckJobFits(const JobMemory& m, int64_t available, const std::stri
   }
   if (m.feeders * m.feeder.HostBytes() > side_bytes) side = &m.feeder;
   const MemoryPart* largest = side->Largest();
+  // The processes counted here (one process checking itself counts only itself).
+  std::vector<std::string> counted;
+  if (m.coordinator.HostBytes() > 0)
+    counted.push_back("coordinator " + Mib(m.coordinator.HostBytes()));
+  if (m.workers > 0) {
+    counted.push_back(absl::StrCat(m.workers, " worker(s) of ", Mib(m.worker.HostBytes())));
+  }
+  if (m.feeders > 0) {
+    counted.push_back(absl::StrCat(m.feeders, " feeder(s) of ", Mib(m.feeder.HostBytes())));
+  }
   return absl::ResourceExhaustedError(absl::StrCat(
-      "the job needs about ", Mib(total), " of memory (coordinator ",
-      Mib(m.coordinator.HostBytes()), ", ", m.workers, " worker(s) of ", Mib(m.worker.HostBytes()),
-      m.feeders > 0 ? absl::StrCat(", ", m.feeders, " feeder(s) of ", Mib(m.feeder.HostBytes()))
-                    : "",
-      ") but ", where, " has ", Mib(available), " available; the largest part is the ",
-      side->process, "'s ", largest->what, " (", Mib(largest->bytes),
+      "the job needs about ", Mib(total), " of memory (", absl::StrJoin(counted, ", "), ") but ",
+      where, " has ", Mib(available), " available; the largest part is the ", side->process, "'s ",
+      largest->what, " (", Mib(largest->bytes),
       "): lower drafter.max_anchors, data.max_seq_len, train.global_batch_size, "
       "drafter.num_hidden_layers or the number of ",
       m.feeders > 0 ? "workers and feeders" : "workers",

@@ -131,6 +131,14 @@ TEST(MemoryEstimateTest, FeedersHoldTheTargetAndTheCoordinatorNoFeatures) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("12 feeder(s) of"));
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("the largest part is the feeder's target weights"));
+  // A feeder checking its own host counts only itself (as feeder.cc does).
+  JobMemory one = EstimateJobMemory(job, in, 1, 1);
+  one.coordinator.parts.clear();
+  one.workers = 0;
+  const absl::Status alone_refused = CheckJobFits(one, one.feeder.HostBytes() - 1, "this host");
+  EXPECT_THAT(std::string(alone_refused.message()), HasSubstr(" of memory (1 feeder(s) of "));
+  EXPECT_THAT(std::string(alone_refused.message()), ::testing::Not(HasSubstr("0 worker(s)")));
+  EXPECT_THAT(std::string(alone_refused.message()), ::testing::Not(HasSubstr("coordinator 0")));
   // Shards (no online target): no feeders whatever is asked.
   MemoryInputs offline = in;
   offline.online_target = false;
