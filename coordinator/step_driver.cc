@@ -69,7 +69,6 @@ StepDriver::State StepDriver::Regenerate() {
     w.set_line(static_cast<uint64_t>(l.line_no));
     w.set_text(std::move(l.text));
     w.set_max_new_tokens(static_cast<uint32_t>(replies.max_new_tokens()));
-    w.set_tokenizer_crc32c(replies.tokenizer_crc32c());
   }
   bool waited = false;
   result_ = AwaitFeeders(&waited);

@@ -118,16 +118,11 @@ class FeederProcess {
   bool stop_ ABSL_GUARDED_BY(stop_mu_) = false;
   absl::Status compute_error_ ABSL_GUARDED_BY(stop_mu_);
   std::deque<v1::RegenerateWork> lines_ ABSL_GUARDED_BY(stop_mu_);  // to regenerate
-  // Its tokenizer.json's CRC (the join tells it; each regenerated line checks it), read before
-  // any thread starts.
-  absl::StatusOr<uint32_t> tokenizer_crc32c_ = absl::NotFoundError("no tokenizer read");
 };
 
 // The FetchShard service first, so that the join can say where it is.
 absl::Status FeederProcess::Serve() {
   FD_ASSIGN_OR_RETURN(fingerprint_, FingerprintTarget(o_.target_path));
-  // Before any thread starts; only read afterwards.
-  tokenizer_crc32c_ = FileCrc32c(o_.target_path + "/tokenizer.json");
   if (o_.security.tls() && (o_.serve_tls_cert.empty() || o_.serve_tls_key.empty())) {
     return absl::InvalidArgumentError(
         "the job uses TLS: the feeder's service needs --serve-tls-cert and --serve-tls-key "
@@ -184,7 +179,9 @@ absl::Status FeederProcess::JoinJob() {
   join.set_serve_address(advertise_);
   join.mutable_target()->set_config_sha256(fingerprint_.config_sha256);
   join.mutable_target()->set_tensors_sha256(fingerprint_.tensors_sha256);
-  if (tokenizer_crc32c_.ok()) join.set_tokenizer_crc32c(*tokenizer_crc32c_);
+  // Its tokenizer (none: not set): a job that regenerates its replies admits only its own.
+  const absl::StatusOr<uint32_t> tokenizer = FileCrc32c(o_.target_path + "/tokenizer.json");
+  if (tokenizer.ok()) join.set_tokenizer_crc32c(*tokenizer);
   v1::FeederJoinReply reply;
   const grpc::Status s = *CallUntilReachable(
       RealClock::Get(), o_.connect_timeout_seconds,
@@ -353,12 +350,6 @@ void FeederProcess::Compute() {
 absl::StatusOr<v1::RegeneratedLine> FeederProcess::RegenerateLine(
     std::unique_ptr<ChatLineReader>& reader, const v1::RegenerateWork& work) {
   const std::string tokenizer = o_.target_path + "/tokenizer.json";
-  FD_RETURN_IF_ERROR(tokenizer_crc32c_.status());
-  if (*tokenizer_crc32c_ != work.tokenizer_crc32c()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        tokenizer, " is not the coordinator's tokenizer (crc32c ", absl::Hex(*tokenizer_crc32c_),
-        ", the coordinator's ", absl::Hex(work.tokenizer_crc32c()), "): its replies would differ"));
-  }
   if (reader == nullptr) {  // every line of a job has the job's max_new_tokens
     reader = std::make_unique<ChatLineReader>(
         ChatDataOptions{o_.target_path, tokenizer, work.max_new_tokens()}, features_->model());

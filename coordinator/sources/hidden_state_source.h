@@ -57,8 +57,6 @@ class DeferredReplies {
   // held once): asked for once.
   virtual std::vector<Line> TakePending() = 0;
   virtual int64_t max_new_tokens() const = 0;
-  // The CRC-32C of the tokenizer.json the lines are tokenized with: a feeder's must match.
-  virtual uint32_t tokenizer_crc32c() const = 0;
   // A feeder's answer for pending line `line_no`: checked (ids of the vocabulary, a 0/1 mask of
   // the same length; an error says what is wrong), truncated to the job's max_seq_len, kept in
   // the job's regenerated replies and made the line's sample.

@@ -170,7 +170,6 @@ absl::Status TargetModelSource::Tokenize() {
   progress.Finish(absl::StrCat(ids_.size(), " samples"), /*always=*/true);
   if (!pending_.empty()) {
     LOG(INFO) << pending_.size() << " line(s) to regenerate: the feeders answer them";
-    FD_ASSIGN_OR_RETURN(tokenizer_crc32c_, FileCrc32c(TokenizerPath()));
   } else {
     cache_.reset();  // nothing more to keep
   }

@@ -62,7 +62,6 @@ class TargetModelSource : public HiddenStateSource, public DeferredReplies {
   std::vector<Line> TakePending() override;
   size_t pending_lines() const { return pending_.size(); }
   int64_t max_new_tokens() const override { return options_.max_new_tokens; }
-  uint32_t tokenizer_crc32c() const override { return tokenizer_crc32c_; }
   absl::Status Complete(int64_t line_no, std::vector<int64_t> ids,
                         std::vector<int64_t> mask) override;
 
@@ -98,7 +97,6 @@ class TargetModelSource : public HiddenStateSource, public DeferredReplies {
   std::unique_ptr<TargetFeatures> features_;
   std::vector<std::vector<int64_t>> ids_, masks_;
   std::unique_ptr<RegenerationCache> cache_;  // null: replies not kept (or nothing regenerated)
-  uint32_t tokenizer_crc32c_ = 0;             // with defer_regeneration
   struct PendingLine {
     uint64_t index = 0;  // its sample
     std::string text;    // until TakePending
