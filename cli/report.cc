@@ -156,6 +156,11 @@ if (steps.length) {
   for (const e of evals) el('circle', {cx: tf.X(e.completed_steps), cy: tf.Y(e.tau), r: 4, fill: COLORS[2]}, tf.g);
   legend(tf, ['τ estimate', 'eval τ'].slice(0, evals.length ? 2 : 1), [COLORS[1], COLORS[2]]);
 
+  // The learning rate the coordinator sent with every step (train.lr_schedule).
+  const lr = D.steps.map(r => r.learning_rate || 0);
+  const lf = frame('lr', steps, lr.concat([0]), {xLabel: 'step', yLabel: 'learning rate', zero: true});
+  line(lf, steps, lr, COLORS[3], 2);
+
   // Accuracy by block position over the last tenth of the steps.
   const tail = D.steps.slice(-Math.max(1, Math.floor(D.steps.length / 10)));
   const k = tail[0].slot_accuracy.length;
@@ -277,6 +282,8 @@ void WriteChartSections(std::ostringstream& html) {
        << "<section><h2>Acceptance length τ</h2><div id=\"tau\"></div><p class=\"note\">The "
           "estimate from slot accuracies (1 + Σ_k Π_{i≤k} acc_i); dots, when the job "
           "evaluated during training: τ measured by speculative decoding.</p></section>\n"
+       << "<section><h2>Learning rate</h2><div id=\"lr\"></div><p class=\"note\">As each "
+          "step applied it (train.lr_schedule).</p></section>\n"
        << "<section><h2>Accuracy by block position</h2><div id=\"accuracy\"></div><p "
           "class=\"note\">Mean over the last tenth of the steps.</p></section>\n"
        << "<section><h2>Where a step's time goes</h2><div id=\"phases\"></div><p "

@@ -74,6 +74,9 @@ const std::vector<JobField>& Fields() {
       FD_FIELD(train, weight_decay, double, AtLeast(0.0)),
       FD_FIELD(train, grad_clip_norm, double, AtLeast(0.0)),
       FD_FIELD(train, warmup_ratio, double, Between(0.0, 1.0)),
+      FD_FIELD(train, lr_schedule, std::string, OneOf({"cosine", "linear", "constant", "wsd"})),
+      FD_FIELD(train, decay_ratio, double, Between(0.0, 1.0)),
+      FD_FIELD(train, min_lr_ratio, double, Between(0.0, 1.0)),
       FD_FIELD(train, epochs, int, Between(1, 100000)),
       FD_FIELD(train, max_steps, int64_t, AtLeast<int64_t>(0)),
       FD_FIELD(train, global_batch_size, int, Between(1, 1 << 20)),
@@ -104,6 +107,7 @@ const std::vector<JobField>& Fields() {
       FD_FIELD(checkpoint, every_seconds, double, AtLeast(0.0)),
       FD_FIELD(checkpoint, keep_last, int, AtLeast(1)),
       FD_FIELD(checkpoint, resume, bool),
+      FD_FIELD(checkpoint, keep_best, bool),
 
       FD_FIELD(eval, every_steps, int, AtLeast(0)),
       FD_FIELD(eval, prompts, std::string),
@@ -197,6 +201,15 @@ absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
     return Invalid(source, "train.virtual_shards",
                    absl::StrCat("= ", c.train.virtual_shards, " is below cluster.max_workers = ",
                                 c.cluster.max_workers, ": every worker needs at least one shard"));
+  }
+  if (c.train.lr_schedule == "wsd" && c.train.warmup_ratio + c.train.decay_ratio > 1.0) {
+    return Invalid(source, "train.decay_ratio",
+                   absl::StrCat("= ", c.train.decay_ratio, " and train.warmup_ratio = ",
+                                c.train.warmup_ratio, " add up to more than the whole run"));
+  }
+  if (c.checkpoint.keep_best && c.eval.every_steps == 0) {
+    return Invalid(source, "checkpoint.keep_best",
+                   "needs eval.every_steps > 0: the best checkpoint is the one evaluated best");
   }
   if (c.worker.device == "cuda" && c.cluster.backend != "nccl") {
     return Invalid(source, "worker.device",
@@ -345,8 +358,15 @@ std::string JobFingerprint(const JobConfig& c) {
   // Fields that say how a run computes, not what it computes, and came after checkpoints recorded
   // fingerprints: left out, so that those checkpoints still resume (a new field of this kind goes
   // here too; JobConfigTest.FingerprintOfAFixedJobNeverChanges holds the value).
-  const std::string yaml =
-      EmitJobYaml(same, {"train.blas_kernel", "cluster.mixed_numerics", "cluster.min_feeders"});
+  std::set<std::string> leave_out = {"train.blas_kernel", "cluster.mixed_numerics",
+                                     "cluster.min_feeders", "checkpoint.keep_best"};
+  // Fields of what a run computes that came after checkpoints recorded fingerprints: in the
+  // fingerprint only when they differ from their default (which is what those runs computed).
+  const TrainConfig defaults;
+  if (c.train.lr_schedule == defaults.lr_schedule) leave_out.insert("train.lr_schedule");
+  if (c.train.decay_ratio == defaults.decay_ratio) leave_out.insert("train.decay_ratio");
+  if (c.train.min_lr_ratio == defaults.min_lr_ratio) leave_out.insert("train.min_lr_ratio");
+  const std::string yaml = EmitJobYaml(same, leave_out);
   return absl::StrFormat("%08x", Crc32c(yaml.data(), yaml.size()));
 }
 

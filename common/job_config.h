@@ -67,7 +67,16 @@ struct TrainConfig {
   double adam_eps = 1e-8;
   double weight_decay = 0.0;
   double grad_clip_norm = 1.0;
+  // The learning rate of each step (docs/recipes.md compares it with Hugging Face's schedules): the
+  // first warmup_ratio of the steps rise linearly from 0 to learning_rate; then "cosine" falls
+  // along half a cosine toward the floor, "linear" along a straight line, "constant" stays at
+  // learning_rate, and "wsd" (warmup-stable-decay) stays at learning_rate until the last
+  // decay_ratio of the steps, which fall along a straight line. The floor is min_lr_ratio x
+  // learning_rate, reached one step after the last.
   double warmup_ratio = 0.04;
+  std::string lr_schedule = "cosine";
+  double decay_ratio = 0.1;  // wsd only
+  double min_lr_ratio = 0.0;
   int epochs = 6;
   // 0: derived from epochs and the data set size.
   int64_t max_steps = 0;
@@ -138,6 +147,10 @@ struct CheckpointConfig {
   // Also checkpoint when this long has passed since the last one (0: never).
   double every_seconds = 0;
   int keep_last = 3;
+  // With eval.every_steps: the evaluated checkpoint with the highest tau (accepted tokens per
+  // verify cycle, as flashdraft eval reports it) is never pruned, and is exported beside the final
+  // drafter as <output_dir>/drafter-best.
+  bool keep_best = false;
   // Start from the newest checkpoint in `dir` when there is one (the step after it, its weights and
   // optimizer state); a fresh start otherwise.
   bool resume = false;

@@ -92,6 +92,13 @@ TEST(JobConfigTest, FingerprintOfAFixedJobNeverChanges) {
   auto a = ParseJobConfig(kMinimal, "job.yaml");
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(JobFingerprint(*a), "e4894bef");
+  // A schedule other than the default is another run.
+  auto wsd = ParseJobConfig(kMinimal + std::string("train: {lr_schedule: wsd}\n"), "job.yaml");
+  ASSERT_TRUE(wsd.ok()) << wsd.status();
+  EXPECT_NE(JobFingerprint(*wsd), "e4894bef");
+  auto floor = ParseJobConfig(kMinimal + std::string("train: {min_lr_ratio: 0.1}\n"), "job.yaml");
+  ASSERT_TRUE(floor.ok()) << floor.status();
+  EXPECT_NE(JobFingerprint(*floor), JobFingerprint(*wsd));
 }
 
 TEST(JobConfigTest, YamlRoundTrip) {
@@ -136,6 +143,16 @@ TEST(JobConfigTest, BadInputNamesFileFieldAndValue) {
        "field 'train.blas_kernel' = Haswell; rm must be an OpenBLAS kernel name such as Haswell"},
       {"bad mixed numerics", base + "cluster: {mixed_numerics: warn}\n",
        "field 'cluster.mixed_numerics' = warn must be one of: refuse, admit"},
+      {"bad schedule", base + "train: {lr_schedule: step}\n",
+       "field 'train.lr_schedule' = step must be one of: cosine, linear, constant, wsd"},
+      {"wsd longer than the run",
+       base + "train: {lr_schedule: wsd, warmup_ratio: 0.5, "
+              "decay_ratio: 0.6}\n",
+       "field 'train.decay_ratio' = 0.6 and train.warmup_ratio = 0.5 add up to more than"},
+      {"floor above one", base + "train: {min_lr_ratio: 1.5}\n",
+       "field 'train.min_lr_ratio' = 1.5 must be in [0, 1]"},
+      {"best without eval", base + "checkpoint: {keep_best: true}\n",
+       "field 'checkpoint.keep_best' needs eval.every_steps > 0"},
       {"bad device", base + "worker: {device: tpu}\n",
        "field 'worker.device' = tpu must be one of: cpu, cuda"},
       {"cuda over gloo", base + "worker: {device: cuda}\n",

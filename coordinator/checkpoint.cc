@@ -191,11 +191,13 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::Write(
 void CheckpointStore::Prune(const std::vector<std::string>& keep_also) const {
   std::vector<std::pair<uint64_t, std::string>> all = ListCheckpoints(root_);
   std::error_code ec;
+  // Compared as paths, not strings: Write names a checkpoint root_ + "/step-N", which differs
+  // from the listing's name when checkpoint.dir ends in "/".
+  std::vector<fs::path> kept;
+  for (const std::string& k : keep_also) kept.push_back(fs::path(k).lexically_normal());
   for (size_t i = 0; i + keep_last_ < all.size(); ++i) {
-    const std::string& dir = all[i].second;
-    if (std::find(keep_also.begin(), keep_also.end(), dir) == keep_also.end()) {
-      fs::remove_all(dir, ec);
-    }
+    const fs::path dir = fs::path(all[i].second).lexically_normal();
+    if (std::find(kept.begin(), kept.end(), dir) == kept.end()) fs::remove_all(dir, ec);
   }
 }
 

@@ -1,12 +1,18 @@
 #include "coordinator/checkpoint_pipeline.h"
 
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file_util.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
 #include "model/drafter_export.h"
 
 namespace flashdraft {
+
+namespace fs = std::filesystem;
 
 CheckpointPipeline::CheckpointPipeline(Options options, std::vector<TensorSpec> upload,
                                        Writer writer, std::function<std::string()> numerics,
@@ -33,9 +39,59 @@ CheckpointPipeline::~CheckpointPipeline() {
   eval_thread_.join();
 }
 
-void CheckpointPipeline::Resumed(uint64_t completed_steps, std::string dir) {
+namespace {
+
+// The best-checkpoint record: {"completed_steps": N, "checkpoint": "<dir name>", "tau": τ}, the
+// directory named relative to the record's own, so a moved checkpoint folder still resolves.
+std::string BestRecordJson(const CheckpointPipeline::Best& best) {
+  const nlohmann::json j = {{"completed_steps", best.completed_steps},
+                            {"checkpoint", fs::path(best.dir).filename().string()},
+                            {"tau", best.tau}};
+  return j.dump(2) + "\n";
+}
+
+absl::StatusOr<CheckpointPipeline::Best> ReadBestRecord(const std::string& path) {
+  FD_ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("completed_steps") ||
+      !j["completed_steps"].is_number_unsigned() || !j.contains("checkpoint") ||
+      !j["checkpoint"].is_string() || !j.contains("tau") || !j["tau"].is_number()) {
+    return absl::DataLossError(absl::StrCat(
+        path,
+        ": not a best-checkpoint record (completed_steps, checkpoint, tau); remove it to "
+        "start choosing the best checkpoint afresh"));
+  }
+  CheckpointPipeline::Best best;
+  best.completed_steps = j["completed_steps"].get<uint64_t>();
+  best.dir = (fs::path(path).parent_path() / j["checkpoint"].get<std::string>()).string();
+  best.tau = j["tau"].get<double>();
+  return best;
+}
+
+}  // namespace
+
+absl::Status CheckpointPipeline::Resumed(uint64_t completed_steps, std::string dir) {
+  std::optional<Best> best;
+  if (options_.keep_best && fs::exists(options_.best_record)) {
+    FD_ASSIGN_OR_RETURN(best, ReadBestRecord(options_.best_record));
+    if (best->completed_steps > completed_steps) {
+      // Resumed from an earlier checkpoint: the steps after it run again, and their checkpoints
+      // (the best's included) are written anew.
+      LOG(WARNING) << "the best checkpoint (" << best->dir << ") comes after the resume point; "
+                   << "the best is chosen again from step " << completed_steps;
+      best.reset();
+      std::error_code ec;  // nor may a later resume take the record for what it named
+      fs::remove(options_.best_record, ec);
+    } else if (!fs::is_directory(best->dir)) {
+      return absl::DataLossError(absl::StrCat(options_.best_record, " names ", best->dir,
+                                              ", which is gone; remove the record to start "
+                                              "choosing the best checkpoint afresh"));
+    }
+  }
   absl::MutexLock lock(&mu_);
   last_ = {completed_steps, std::move(dir), -1};
+  best_ = std::move(best);
+  return absl::OkStatus();
 }
 
 void CheckpointPipeline::Expect(const std::string& token, uint64_t completed_steps) {
@@ -180,6 +236,9 @@ void CheckpointPipeline::Evaluate(uint64_t completed_steps, const std::string& d
   step_log_.WriteEvent({{"event", "eval"},
                         {"completed_steps", completed_steps},
                         {"tau", eval->tau},
+                        {"tau_zlab", eval->tau_zlab},
+                        {"tau_pooled", eval->tau_pooled},
+                        {"tau_sglang", eval->tau_sglang},
                         {"prompts", eval->prompts},
                         {"num_drafts", eval->drafts},
                         {"num_draft_tokens", eval->draft_tokens},
@@ -191,6 +250,30 @@ void CheckpointPipeline::Evaluate(uint64_t completed_steps, const std::string& d
       "eval after step %d: tau %.2f on %d prompt(s) (acceptance at position 1: %.2f) in %.1f s",
       completed_steps, eval->tau, eval->prompts, acceptance.empty() ? 0.0 : acceptance[0],
       eval->seconds);
+  if (options_.keep_best) ConsiderBest(completed_steps, dir, eval->tau);
+}
+
+// On the evaluation thread only: nothing else changes best_, so it holds between the two locks.
+void CheckpointPipeline::ConsiderBest(uint64_t completed_steps, const std::string& dir,
+                                      double tau) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (best_ && best_->tau >= tau) return;  // a tie keeps the earlier checkpoint
+  }
+  const Best best{completed_steps, dir, tau};
+  // The record first: should it fail, the pruning still keeps the best it names.
+  if (absl::Status s = WriteFileAtomically(options_.best_record, BestRecordJson(best)); !s.ok()) {
+    LOG(WARNING) << "cannot record the best checkpoint: " << s.message();
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  best_ = best;
+  LOG(INFO) << absl::StrFormat("best checkpoint so far: %s (tau %.3f)", dir, tau);
+}
+
+std::optional<CheckpointPipeline::Best> CheckpointPipeline::best() const {
+  absl::MutexLock lock(&mu_);
+  return best_;
 }
 
 std::vector<std::string> CheckpointPipeline::InUse() const {
@@ -198,6 +281,7 @@ std::vector<std::string> CheckpointPipeline::InUse() const {
   std::vector<std::string> dirs;
   for (const auto& [steps, dir] : evals_) dirs.push_back(dir);
   if (!evaluating_.empty()) dirs.push_back(evaluating_);
+  if (best_) dirs.push_back(best_->dir);
   return dirs;
 }
 
@@ -217,6 +301,17 @@ absl::Status CheckpointPipeline::ExportFinal(int64_t total_steps, const std::str
   }
   if (absl::Status s = ExportCheckpoint(written.dir, dir); !s.ok()) return s;
   LOG(INFO) << "exported the drafter to " << dir;
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointPipeline::ExportBest(const std::string& dir) const {
+  const std::optional<Best> chosen = best();
+  if (!chosen) {
+    return absl::NotFoundError("no evaluation succeeded, so there is no best checkpoint to export");
+  }
+  if (absl::Status s = ExportCheckpoint(chosen->dir, dir); !s.ok()) return s;
+  LOG(INFO) << absl::StrFormat("exported the best drafter (step %d, tau %.3f) to %s",
+                               chosen->completed_steps, chosen->tau, dir);
   return absl::OkStatus();
 }
 

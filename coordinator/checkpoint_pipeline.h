@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -40,6 +41,16 @@ class CheckpointPipeline : public UploadSink {
   struct Options {
     double upload_timeout_seconds = 300;  // cluster.collective_timeout_seconds
     int eval_every_steps = 0;             // eval.every_steps (0: none)
+    // checkpoint.keep_best: the evaluated checkpoint with the highest τ is never pruned; it is
+    // recorded in `best_record` (JSON, replaced atomically), which a resumed job reads back.
+    bool keep_best = false;
+    std::string best_record;
+  };
+  // The evaluated checkpoint with the highest τ so far (keep_best).
+  struct Best {
+    uint64_t completed_steps = 0;
+    std::string dir;
+    double tau = 0;
   };
   // The last checkpoint written, or resumed from (`at` < 0: its age is not known).
   struct Last {
@@ -59,8 +70,10 @@ class CheckpointPipeline : public UploadSink {
   ~CheckpointPipeline() override;
 
   void SetEvaluator(Evaluator evaluator) { evaluator_ = std::move(evaluator); }
-  // The job resumed from the checkpoint after `completed_steps` in `dir`.
-  void Resumed(uint64_t completed_steps, std::string dir);
+  // The job resumed from the checkpoint after `completed_steps` in `dir`; with keep_best, the best
+  // checkpoint is read back from the record (an unreadable record, or one naming a checkpoint that
+  // is gone, is an error).
+  absl::Status Resumed(uint64_t completed_steps, std::string dir);
 
   // UploadSink.
   void Expect(const std::string& token, uint64_t completed_steps) override;
@@ -81,6 +94,10 @@ class CheckpointPipeline : public UploadSink {
   Last last() const;
   // <dir> from the checkpoint of the last step (`total_steps`): DATA_LOSS when it was not written.
   absl::Status ExportFinal(int64_t total_steps, const std::string& dir) const;
+  // keep_best: <dir> from the best evaluated checkpoint (after DrainEvaluations); NOT_FOUND when
+  // no evaluation succeeded.
+  absl::Status ExportBest(const std::string& dir) const;
+  std::optional<Best> best() const;
 
  private:
   absl::Status Take(uint64_t completed_steps);
@@ -88,6 +105,8 @@ class CheckpointPipeline : public UploadSink {
   absl::StatusOr<std::vector<OwnedTensor>> AwaitUpload(uint64_t completed_steps);
   void EvalLoop();
   void Evaluate(uint64_t completed_steps, const std::string& dir);
+  // keep_best: `dir`, evaluated at `tau`, becomes the best when it beats the one before.
+  void ConsiderBest(uint64_t completed_steps, const std::string& dir, double tau);
   // The checkpoint directories an evaluation still needs.
   std::vector<std::string> InUse() const;
 
@@ -109,6 +128,7 @@ class CheckpointPipeline : public UploadSink {
   Last last_ ABSL_GUARDED_BY(mu_);
   std::deque<std::pair<uint64_t, std::string>> evals_ ABSL_GUARDED_BY(mu_);  // step, dir
   std::string evaluating_ ABSL_GUARDED_BY(mu_);  // the directory under evaluation (empty: none)
+  std::optional<Best> best_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread eval_thread_;  // last: starts once the fields it reads are built
 };

@@ -6,11 +6,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/file_util.h"
 #include "common/grpc_options.h"
 #include "common/safetensors.h"
+#include "common/tensor_codec.h"
+#include "coordinator/checkpoint_pipeline.h"
 #include "model/drafter_export.h"
 #include "tests/support/test_util.h"
 #include "tests/support/tiny_drafter.h"
@@ -242,6 +247,127 @@ TEST(CheckpointCadenceTest, StepsSecondsAndTheLastStep) {
   clock.Advance(1e6);
   EXPECT_FALSE(last_only.Due(3));
   EXPECT_TRUE(last_only.Due(4));
+}
+
+// checkpoint.keep_best on resume: the record is read back, its checkpoint resolved beside it; a
+// record past the resume point is dropped (those steps run again), one naming a checkpoint that is
+// gone or not a record at all is an error naming the file.
+TEST(CheckpointPipelineTest, AResumedJobReadsTheBestCheckpointBack) {
+  TempDir dir;
+  CoordinatorMetrics metrics("gloo", 10, 4);
+  auto log = StepLog::Open(dir.Join("steps.jsonl"));
+  ASSERT_TRUE(log.ok());
+  FakeClock clock;
+  CheckpointPipeline::Options options;
+  options.keep_best = true;
+  options.best_record = dir.Join("checkpoints/best.json");
+  auto pipeline = [&] {
+    return std::make_unique<CheckpointPipeline>(
+        options, std::vector<TensorSpec>{},
+        [](uint64_t, const std::vector<OwnedTensor>&, const std::string&,
+           const std::vector<std::string>&) -> absl::StatusOr<CheckpointInfo> {
+          return absl::InternalError("not written here");
+        },
+        [] { return std::string(); }, [](absl::Status) {}, metrics, *log, clock);
+  };
+  std::filesystem::create_directories(dir.Join("checkpoints/step-00000004"));
+  auto none = pipeline();
+  ASSERT_TRUE(none->Resumed(8, dir.Join("checkpoints/step-00000008")).ok());
+  EXPECT_FALSE(none->best().has_value());
+
+  const auto record = [&](const std::string& text) {
+    ASSERT_TRUE(WriteFileAtomically(options.best_record, text).ok());
+  };
+  record(R"({"completed_steps": 4, "checkpoint": "step-00000004", "tau": 2.5})");
+  auto kept = pipeline();
+  ASSERT_TRUE(kept->Resumed(8, dir.Join("checkpoints/step-00000008")).ok());
+  ASSERT_TRUE(kept->best().has_value());
+  EXPECT_EQ(kept->best()->completed_steps, 4u);
+  EXPECT_EQ(kept->best()->dir, dir.Join("checkpoints/step-00000004"));
+  EXPECT_DOUBLE_EQ(kept->best()->tau, 2.5);
+
+  auto earlier = pipeline();  // resumed from step 2: step 4 is trained again
+  ASSERT_TRUE(earlier->Resumed(2, dir.Join("checkpoints/step-00000002")).ok());
+  EXPECT_FALSE(earlier->best().has_value());
+  EXPECT_FALSE(std::filesystem::exists(options.best_record)) << "the dropped record stays";
+
+  record(R"({"completed_steps": 6, "checkpoint": "step-00000006", "tau": 2.5})");
+  absl::Status gone = pipeline()->Resumed(8, dir.Join("checkpoints/step-00000008"));
+  EXPECT_EQ(gone.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(gone.message(), HasSubstr("best.json names " + dir.Join("checkpoints/step-00000006") +
+                                        ", which is gone"));
+  record(R"({"completed_steps": "four"})");
+  absl::Status bad = pipeline()->Resumed(8, dir.Join("checkpoints/step-00000008"));
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(bad.message(), HasSubstr("best.json: not a best-checkpoint record"));
+}
+
+// Sends `tensors` as the upload of the checkpoint after `steps` and writes it (Expect, Begin, Add,
+// Start and Wait, as the driver and rank 0's stream do).
+void Checkpoint(CheckpointPipeline& p, uint64_t steps, const std::vector<OwnedTensor>& tensors) {
+  const std::string token = absl::StrCat("rank0-", steps);
+  p.Expect(token, steps);
+  v1::CheckpointUpload announce;
+  announce.set_completed_steps(steps);
+  announce.set_num_tensors(static_cast<uint32_t>(tensors.size()));
+  ASSERT_TRUE(p.Begin(token, announce).ok());
+  for (const OwnedTensor& t : tensors) {
+    v1::TensorChunk chunk;
+    ASSERT_TRUE(
+        EncodeTensor(t.spec, t.bytes.data(), t.bytes.size(), 64, chunk, [&](v1::TensorChunk& c) {
+          return p.Add(token, c);
+        }).ok());
+  }
+  p.Start(steps);
+  p.Wait();
+}
+
+// keep_best with keep_last 1 (and a checkpoint.dir ending in "/"): evaluated at τ 2.0, 3.0, 3.0 and
+// 2.4, the checkpoint of step 2 is the best (a tie keeps the earlier), survives the pruning beside
+// the newest, and is what the record names.
+TEST(CheckpointPipelineTest, TheBestEvaluatedCheckpointIsNeverPruned) {
+  TempDir dir;
+  const std::string root = dir.Join("ckpt") + "/";
+  CheckpointStore store(root, /*keep_last=*/1, "job");
+  CoordinatorMetrics metrics("gloo", 4, 4);
+  auto log = StepLog::Open(dir.Join("steps.jsonl"));
+  ASSERT_TRUE(log.ok());
+  FakeClock clock;
+  CheckpointPipeline::Options options;
+  options.eval_every_steps = 1;
+  options.keep_best = true;
+  options.best_record = root + "best.json";
+  std::vector<TensorSpec> specs;
+  for (const OwnedTensor& t : Upload(0)) specs.push_back(t.spec);
+  CheckpointPipeline p(
+      options, specs,
+      [&](uint64_t steps, const std::vector<OwnedTensor>& tensors, const std::string& numerics,
+          const std::vector<std::string>& in_use) {
+        return store.Write(steps, tensors, numerics, in_use);
+      },
+      [] { return std::string(); }, [](absl::Status s) { FAIL() << s; }, metrics, *log, clock);
+  const std::map<std::string, double> tau = {{"step-00000001", 2.0},
+                                             {"step-00000002", 3.0},
+                                             {"step-00000003", 3.0},
+                                             {"step-00000004", 2.4}};
+  p.SetEvaluator([&](const std::string& checkpoint) -> absl::StatusOr<EvalSummary> {
+    EvalSummary e;
+    e.prompts = 1;
+    e.tau = tau.at(std::filesystem::path(checkpoint).filename().string());
+    return e;
+  });
+  for (uint64_t steps = 1; steps <= 4; ++steps) {
+    Checkpoint(p, steps, Upload(steps));
+    p.DrainEvaluations();  // so that no evaluation in flight keeps a checkpoint
+  }
+  ASSERT_TRUE(p.best().has_value());
+  EXPECT_EQ(p.best()->completed_steps, 2u);
+  EXPECT_EQ(store.Existing(), (std::vector<std::string>{dir.Join("ckpt/step-00000002"),
+                                                        dir.Join("ckpt/step-00000004")}));
+  const nlohmann::json record = nlohmann::json::parse(*ReadFile(options.best_record));
+  EXPECT_EQ(record["completed_steps"], 2);
+  EXPECT_EQ(record["checkpoint"], "step-00000002");
+  EXPECT_DOUBLE_EQ(record["tau"].get<double>(), 3.0);
 }
 
 }  // namespace

@@ -49,6 +49,18 @@ SchedulerOptions JobSchedule(const JobConfig& j) {
   return so;
 }
 
+LearningRatePlan JobLearningRatePlan(const TrainConfig& t, int64_t total_steps) {
+  LearningRatePlan plan;
+  const bool known = ParseLrSchedule(t.lr_schedule, &plan.schedule);
+  CHECK(known) << "train.lr_schedule " << t.lr_schedule << " passed validation";
+  plan.learning_rate = t.learning_rate;
+  plan.warmup_steps = static_cast<int64_t>(std::llround(t.warmup_ratio * total_steps));
+  plan.total_steps = total_steps;
+  plan.decay_steps = static_cast<int64_t>(std::llround(t.decay_ratio * total_steps));
+  plan.min_lr_ratio = t.min_lr_ratio;
+  return plan;
+}
+
 ControllerOptions JobMembership(const JobConfig& j, const DrafterModelConfig& drafter) {
   ControllerOptions o;
   o.membership.min_workers = j.cluster.min_workers;
@@ -185,6 +197,8 @@ absl::Status Coordinator::WireParts() {
   CheckpointPipeline::Options po;
   po.upload_timeout_seconds = j.cluster.collective_timeout_seconds;
   po.eval_every_steps = j.eval.every_steps;
+  po.keep_best = j.checkpoint.keep_best;
+  po.best_record = checkpoints_->root() + "/best.json";
   CheckpointStore* store = checkpoints_.get();
   pipeline_ = std::make_unique<CheckpointPipeline>(
       po, upload_specs_,
@@ -197,19 +211,22 @@ absl::Status Coordinator::WireParts() {
                                            job_.train.intra_op_threads);
       },
       [this](absl::Status failure) { Abort(std::move(failure)); }, *metrics_, *step_log_, *clock_);
-  if (resumed_) pipeline_->Resumed(resumed_->checkpoint.completed_steps, resumed_->checkpoint.dir);
+  if (resumed_) {
+    FD_RETURN_IF_ERROR(
+        pipeline_->Resumed(resumed_->checkpoint.completed_steps, resumed_->checkpoint.dir));
+  }
   controller_ =
       std::make_unique<MembershipController>(JobMembership(j, drafter_config_), SetUpNumerics(),
                                              *streams_, *pipeline_, *metrics_, *clock_);
   StepDriverOptions d;
   d.start_step = start_step_;
   d.total_steps = total_steps_;
-  d.warmup_steps = static_cast<int64_t>(std::llround(j.train.warmup_ratio * total_steps_));
-  d.learning_rate = j.train.learning_rate;
+  d.learning_rate = JobLearningRatePlan(j.train, total_steps_);
   d.prefetch_steps = j.data.prefetch_steps;
   d.checkpoint_every_steps = j.checkpoint.every_steps;
   d.checkpoint_every_seconds = j.checkpoint.every_seconds;
   d.export_dir = j.output_dir + "/drafter";
+  if (j.checkpoint.keep_best) d.export_best_dir = j.output_dir + "/drafter-best";
   d.min_feeders = j.cluster.min_feeders;
   d.join_timeout_seconds = j.cluster.join_timeout_seconds;
   if (j.cluster.min_feeders > 0) FD_RETURN_IF_ERROR(SetUpFeeders());

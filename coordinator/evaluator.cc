@@ -23,6 +23,7 @@ absl::StatusOr<CheckpointPipeline::Evaluator> MakeEvaluator(const JobConfig& job
   state->options.max_new_tokens = job.eval.max_new_tokens;
   state->options.block_size = job.eval.block_size;
   state->options.stop_ids = state->prompts.stop_ids;
+  state->options.zlab_final_cycle = true;
   return CheckpointPipeline::Evaluator(
       [state](const std::string& checkpoint_dir) -> absl::StatusOr<EvalSummary> {
         torch::NoGradGuard no_grad;
@@ -43,6 +44,9 @@ absl::StatusOr<CheckpointPipeline::Evaluator> MakeEvaluator(const JobConfig& job
         summary.accepted_tokens = tally.accepted_tokens();
         summary.accepted_per_position = tally.AcceptedPerPosition();
         summary.tau = tally.Tau();
+        summary.tau_zlab = tally.TauZlab();
+        summary.tau_pooled = tally.TauPooled();
+        summary.tau_sglang = tally.TauSglang();
         return summary;
       });
 }

@@ -23,7 +23,10 @@ struct EvalSummary {
   int64_t draft_tokens = 0;     // drafted tokens proposed: cycles × (block − 1)
   int64_t accepted_tokens = 0;  // drafted tokens accepted (the target's own token not counted)
   std::vector<int64_t> accepted_per_position;  // cycles that accepted drafted token k = 1 .. B−1
-  double tau = 0;      // mean over prompts of the mean tokens per cycle (DFLASH.md §5)
+  double tau = 0;  // mean over prompts of the mean tokens per cycle (DFLASH.md §5)
+  // The same decodes counted as z-lab's benchmark.py, vLLM and SGLang's request metadata count
+  // (SpeculativeTally::TauZlab, TauPooled, TauSglang).
+  double tau_zlab = 0, tau_pooled = 0, tau_sglang = 0;
   double seconds = 0;  // wall time of the evaluation
 };
 

@@ -197,8 +197,7 @@ absl::Status StepDriver::SendStep(const StepPlan& plan) {
   ShardAddress to;
   to.membership_epoch = epoch_;
   to.world_size = world_size_;
-  to.learning_rate = CosineLearningRate(options_.learning_rate, options_.warmup_steps,
-                                        options_.total_steps, static_cast<int64_t>(plan.step));
+  to.learning_rate = LearningRateAt(options_.learning_rate, static_cast<int64_t>(plan.step));
   for (to.rank = 0; to.rank < world_size_; ++to.rank) {
     for (int64_t shard = plan.shard_offsets[to.rank]; shard < plan.shard_offsets[to.rank + 1];
          ++shard) {
@@ -283,8 +282,7 @@ StepDriver::State StepDriver::Commit() {
 
 void StepDriver::Record(StepRecord& r) {
   r.step_seconds = p_.clock->Now() - step_start_;
-  r.learning_rate = CosineLearningRate(options_.learning_rate, options_.warmup_steps,
-                                       options_.total_steps, step_);
+  r.learning_rate = LearningRateAt(options_.learning_rate, step_);
   // The record first: a crash while checkpointing must not lose the step from steps.jsonl.
   p_.step_log->Write(r);
   p_.metrics->RecordStep(r);
@@ -333,6 +331,15 @@ absl::Status StepDriver::Finish() {
   // ran on.
   if (finished && !options_.export_dir.empty()) {
     result_ = p_.checkpoints->ExportFinal(options_.total_steps, options_.export_dir);
+  }
+  if (finished && result_.ok() && !options_.export_best_dir.empty()) {
+    // Beside the final drafter; a job none of whose evaluations succeeded has none, and says so.
+    if (absl::Status s = p_.checkpoints->ExportBest(options_.export_best_dir);
+        absl::IsNotFound(s)) {
+      LOG(WARNING) << "checkpoint.keep_best: " << s.message();
+    } else {
+      result_ = s;
+    }
   }
   v1::CoordinatorMessage shutdown;
   shutdown.mutable_shutdown()->set_reason(!result_.ok() ? std::string(result_.message())

@@ -32,18 +32,20 @@
 #include "coordinator/status_board.h"
 #include "coordinator/step_encoder.h"
 #include "coordinator/step_log.h"
+#include "model/dflash_math.h"
 
 namespace flashdraft {
 
 struct StepDriverOptions {
   int64_t start_step = 0;  // > 0 when resumed
   int64_t total_steps = 0;
-  int64_t warmup_steps = 0;
-  double learning_rate = 0;
+  LearningRatePlan learning_rate;  // total_steps as above
   int prefetch_steps = 1;
   int checkpoint_every_steps = 0;
   double checkpoint_every_seconds = 0;
   std::string export_dir;  // the finished job's drafter (empty: not exported)
+  // checkpoint.keep_best: the best evaluated checkpoint's drafter (empty: not exported).
+  std::string export_best_dir;
   // Epochs started for one step without a commit in between before the job gives up on it.
   int max_reforms_per_step = 5;
   // With feeders (parts.feeders): how many the first epoch waits for, and how long.

@@ -71,8 +71,10 @@ class Harness {
         log_(*StepLog::Open(dir_.Join("steps.jsonl"))),
         source_(64),
         scheduler_(source_, Schedule()) {
+    CheckpointPipeline::Options options;
+    options.upload_timeout_seconds = 100;
     pipeline_ = std::make_unique<CheckpointPipeline>(
-        CheckpointPipeline::Options{/*upload_timeout_seconds=*/100, /*eval_every_steps=*/0},
+        options,
         CheckpointUploadSpecs({{"w", DType::kF32, {2}}}),
         [this](uint64_t steps, const std::vector<OwnedTensor>& tensors, const std::string&,
                const std::vector<std::string>&) { return WriteCheckpoint(steps, tensors); },
@@ -90,7 +92,8 @@ class Harness {
         co, std::make_unique<NumericsGroup>("", false), channels_, *pipeline_, metrics_, clock_);
     StepDriverOptions d;
     d.total_steps = setup.total_steps;
-    d.learning_rate = 1e-3;
+    d.learning_rate.learning_rate = 1e-3;
+    d.learning_rate.total_steps = setup.total_steps;
     d.checkpoint_every_steps = setup.checkpoint_every_steps;
     driver_ = std::make_unique<StepDriver>(
         d, StepDriverParts{controller_.get(), pipeline_.get(), &board_, &source_, &scheduler_,

@@ -1,7 +1,9 @@
 #include "model/speculative.h"
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
+#include <functional>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -28,15 +30,28 @@ double SpeculativeResult::Tau() const {
          static_cast<double>(accepted.size());
 }
 
+double SpeculativeResult::TauZlab() const {
+  const int64_t cycles = static_cast<int64_t>(accepted.size()) + (final_cycle ? 1 : 0);
+  if (cycles == 0) return 0;
+  const int64_t sum = std::accumulate(accepted.begin(), accepted.end(), int64_t{0}) +
+                      (final_cycle ? final_cycle->accepted : 0);
+  return static_cast<double>(sum) / static_cast<double>(cycles);
+}
+
 SpeculativeTally::SpeculativeTally(int64_t block_size)
     : block_size_(block_size),
       histogram_(static_cast<size_t>(std::max<int64_t>(block_size, 1)) + 1, 0) {}
 
 void SpeculativeTally::Add(const SpeculativeResult& r) {
   ++prompts_;
+  if (!r.accepted.empty() || r.final_cycle) {
+    ++prompts_zlab_;
+    tau_zlab_sum_ += r.TauZlab();
+  }
   if (r.accepted.empty()) return;
   ++prompts_with_cycles_;
   tau_sum_ += r.Tau();
+  tau_sglang_sum_ += static_cast<double>(r.tokens.size()) / static_cast<double>(r.accepted.size());
   for (int64_t a : r.accepted) {
     ++cycles_;
     accepted_tokens_ += a - 1;
@@ -129,64 +144,112 @@ absl::StatusOr<int64_t> DecodeBlockSize(int64_t requested, const DrafterModelCon
   return block;
 }
 
+namespace {
+
+// One prompt's decode state: the target's KV cache and the drafter's context of target features.
+class Decode {
+ public:
+  Decode(const TargetModel& target, DrafterImpl& drafter, int64_t block, bool accept_unverified)
+      : target_(target),
+        drafter_(drafter),
+        layers_(drafter.config().target_layer_ids),
+        block_(block),
+        accept_unverified_(accept_unverified) {}
+
+  // Prefill: the prompt's features for the drafter; the target's first token.
+  absl::StatusOr<int64_t> Prefill(const std::vector<int64_t>& prompt) {
+    if (prompt.size() > 1) {
+      const torch::Tensor head =
+          torch::tensor(std::vector<int64_t>(prompt.begin(), prompt.end() - 1)).unsqueeze(0);
+      FD_ASSIGN_OR_RETURN(TargetOutput o,
+                          target_.Forward(head, layers_, /*with_logits=*/false, &cache_));
+      drafter_.ExtendContext(context_, o.features);
+    }
+    FD_ASSIGN_OR_RETURN(TargetOutput last,
+                        target_.Forward(torch::tensor({prompt.back()}).unsqueeze(0), layers_,
+                                        /*with_logits=*/true, &cache_));
+    drafter_.ExtendContext(context_, last.features);
+    return last.logits.index({0, -1}).argmax().item<int64_t>();
+  }
+
+  // One cycle after `next`: the drafter proposes a block [next, drafts...], the target verifies it
+  // in one pass; the accepted drafts and the target's own token after them, 1 .. block tokens.
+  absl::StatusOr<std::vector<int64_t>> Cycle(int64_t next) {
+    std::vector<int64_t> ids = {next};
+    const std::vector<int64_t> drafted = drafter_.Draft(context_, next, block_);
+    ids.insert(ids.end(), drafted.begin(), drafted.end());
+    const int64_t start = cache_.length();
+    FD_ASSIGN_OR_RETURN(TargetOutput v, target_.Forward(torch::tensor(ids).unsqueeze(0), layers_,
+                                                        /*with_logits=*/true, &cache_));
+    const torch::Tensor posterior = v.logits.squeeze(0).argmax(-1).contiguous();
+    const int64_t* best = posterior.data_ptr<int64_t>();
+    int64_t a = 0;  // drafted tokens accepted
+    while (a < block_ - 1 && (ids[a + 1] == best[a] || accept_unverified_)) ++a;
+    // Keep the positions of `next` and the accepted drafts; the target's token after them is next.
+    Crop(cache_, start + a + 1);
+    drafter_.ExtendContext(context_, v.features.narrow(1, 0, a + 1));
+    std::vector<int64_t> added(ids.begin() + 1, ids.begin() + 1 + a);
+    added.push_back(best[a]);
+    return added;
+  }
+
+ private:
+  const TargetModel& target_;
+  DrafterImpl& drafter_;
+  const std::vector<int>& layers_;
+  const int64_t block_;
+  const bool accept_unverified_;
+  KvCache cache_;
+  DrafterContext context_;
+};
+
+// Whether z-lab's loop verifies once more after this decode (FinalCycle says when).
+bool ZlabRunsOneMore(const SpeculativeResult& r, int64_t max_new_tokens,
+                     const std::function<bool(int64_t)>& is_stop) {
+  // No cycle: the prefill's token was a stop token, or max_new_tokens is 1. z-lab's loop runs
+  // once either way (its first stop check comes after a cycle).
+  if (r.accepted.empty()) return !r.tokens.empty();
+  if (std::any_of(r.tokens.begin(), r.tokens.end(), is_stop)) return false;
+  const int64_t made = 1 + std::accumulate(r.accepted.begin(), r.accepted.end(), int64_t{0});
+  return made == max_new_tokens;
+}
+
+}  // namespace
+
 absl::StatusOr<SpeculativeResult> SpeculativeGenerate(const TargetModel& target,
                                                       DrafterImpl& drafter,
                                                       const std::vector<int64_t>& prompt,
                                                       const SpeculativeOptions& options) {
-  const DrafterModelConfig& d = drafter.config();
-  FD_ASSIGN_OR_RETURN(const int64_t block, DecodeBlockSize(options.block_size, d));
+  FD_ASSIGN_OR_RETURN(const int64_t block, DecodeBlockSize(options.block_size, drafter.config()));
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
   torch::NoGradGuard no_grad;
-  const std::vector<int>& layers = d.target_layer_ids;
-  auto is_stop = [&](int64_t id) {
+  const std::function<bool(int64_t)> is_stop = [&](int64_t id) {
     return std::find(options.stop_ids.begin(), options.stop_ids.end(), id) !=
            options.stop_ids.end();
   };
   SpeculativeResult result;
   if (options.max_new_tokens <= 0) return result;
-
-  // Prefill: the prompt's features for the drafter, the first token from the target.
-  KvCache cache;
-  DrafterContext context;
-  const int64_t p = static_cast<int64_t>(prompt.size());
-  if (p > 1) {
-    const torch::Tensor head =
-        torch::tensor(std::vector<int64_t>(prompt.begin(), prompt.end() - 1)).unsqueeze(0);
-    FD_ASSIGN_OR_RETURN(TargetOutput o,
-                        target.Forward(head, layers, /*with_logits=*/false, &cache));
-    drafter.ExtendContext(context, o.features);
-  }
-  FD_ASSIGN_OR_RETURN(TargetOutput last,
-                      target.Forward(torch::tensor({prompt.back()}).unsqueeze(0), layers,
-                                     /*with_logits=*/true, &cache));
-  drafter.ExtendContext(context, last.features);
-  int64_t next = last.logits.index({0, -1}).argmax().item<int64_t>();
+  Decode decode(target, drafter, block, options.accept_unverified);
+  FD_ASSIGN_OR_RETURN(int64_t next, decode.Prefill(prompt));
   result.tokens.push_back(next);
-
-  while (!is_stop(next) && static_cast<int64_t>(result.tokens.size()) < options.max_new_tokens) {
-    // Draft: [next, MASK...] at the position after the context.
-    std::vector<int64_t> ids = {next};
-    const std::vector<int64_t> drafted = drafter.Draft(context, next, block);
-    ids.insert(ids.end(), drafted.begin(), drafted.end());
-    // Verify: the target's argmax after each block position, in one pass over the block.
-    const int64_t start = cache.length();
-    FD_ASSIGN_OR_RETURN(TargetOutput v, target.Forward(torch::tensor(ids).unsqueeze(0), layers,
-                                                       /*with_logits=*/true, &cache));
-    const torch::Tensor posterior = v.logits.squeeze(0).argmax(-1).contiguous();
-    const int64_t* best = posterior.data_ptr<int64_t>();
-    int64_t a = 0;  // drafted tokens accepted
-    while (a < block - 1 && (ids[a + 1] == best[a] || options.accept_unverified)) ++a;
-    result.accepted.push_back(a + 1);
-    // Keep the positions of `next` and the accepted drafts; the target's token after them is next.
-    Crop(cache, start + a + 1);
-    drafter.ExtendContext(context, v.features.narrow(1, 0, a + 1));
-    for (int64_t i = 1; i <= a + 1; ++i) {
-      next = i <= a ? ids[i] : best[a];
+  auto done = [&] {
+    return is_stop(next) || static_cast<int64_t>(result.tokens.size()) >= options.max_new_tokens;
+  };
+  while (!done()) {
+    FD_ASSIGN_OR_RETURN(const std::vector<int64_t> added, decode.Cycle(next));
+    result.accepted.push_back(static_cast<int64_t>(added.size()));
+    for (int64_t token : added) {  // cut at a stop token or at max_new_tokens
+      next = token;
       result.tokens.push_back(next);
-      if (is_stop(next) || static_cast<int64_t>(result.tokens.size()) >= options.max_new_tokens) {
-        break;
-      }
+      if (done()) break;
     }
+  }
+  if (options.zlab_final_cycle && ZlabRunsOneMore(result, options.max_new_tokens, is_stop)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    FD_ASSIGN_OR_RETURN(const std::vector<int64_t> added, decode.Cycle(next));
+    result.final_cycle =
+        FinalCycle{static_cast<int64_t>(added.size()),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
   }
   return result;
 }

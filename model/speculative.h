@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,14 +25,30 @@ struct SpeculativeOptions {
   std::vector<int64_t> stop_ids;
   // Fault injection (testing the lossless check): every draft is accepted without verification.
   bool accept_unverified = false;
+  // Also run the verify cycle z-lab's benchmark.py runs past this decode's end (FinalCycle).
+  bool zlab_final_cycle = false;
+};
+
+// The cycle z-lab's dflash_generate runs after a decode that ends here without it: its loop runs
+// while fewer than max_new_tokens + 1 tokens exist and checks for stop tokens only after a cycle,
+// so it verifies once more when the cycles landed exactly on max_new_tokens without a stop token,
+// and once when the prefill's token ended the decode (a stop token, or max_new_tokens 1). The
+// cycle's tokens are not kept.
+struct FinalCycle {
+  int64_t accepted = 0;  // 1 .. block size
+  double seconds = 0;    // its wall time, which the decode's timing should leave out
 };
 
 struct SpeculativeResult {
   std::vector<int64_t> tokens;  // the new tokens, a stop token included, as GreedyGenerate's
   // Per verify cycle: the tokens it accepted, 1 (the target's own) .. block size.
   std::vector<int64_t> accepted;
+  // With SpeculativeOptions::zlab_final_cycle, where z-lab runs one more cycle.
+  std::optional<FinalCycle> final_cycle;
   // The mean of `accepted` (τ of this prompt); 0 without cycles.
   double Tau() const;
+  // τ as z-lab's benchmark.py counts this prompt: `accepted` and the final cycle.
+  double TauZlab() const;
 };
 
 // The block size a decode uses: `requested` (0: the drafter's own), which must be in 2 .. the
@@ -51,6 +68,20 @@ class SpeculativeTally {
   int64_t prompts() const { return prompts_; }
   int64_t cycles() const { return cycles_; }
   double Tau() const { return prompts_with_cycles_ > 0 ? tau_sum_ / prompts_with_cycles_ : 0; }
+  // The same figure as the references count it, on the same decodes (docs/serving.md):
+  // z-lab's benchmark.py: the mean over prompts of SpeculativeResult::TauZlab (needs the decodes'
+  // final cycles).
+  double TauZlab() const { return prompts_zlab_ > 0 ? tau_zlab_sum_ / prompts_zlab_ : 0; }
+  // Pooled over all cycles, 1 + accepted drafts / drafts: vLLM's mean acceptance length and the
+  // "accept len" of SGLang's log.
+  double TauPooled() const {
+    return cycles_ > 0 ? 1.0 + static_cast<double>(accepted_tokens_) / cycles_ : 0;
+  }
+  // SGLang's per-request spec_accept_length, completion tokens / verify cycles (the prefill's
+  // token counted, the last cycle cut at max_new_tokens), as a mean over prompts.
+  double TauSglang() const {
+    return prompts_with_cycles_ > 0 ? tau_sglang_sum_ / prompts_with_cycles_ : 0;
+  }
   // [a] = the cycles that accepted a tokens, a = 1 .. B (index 0 unused).
   const std::vector<int64_t>& histogram() const { return histogram_; }
   // [k-1] = the cycles that accepted the draft token at position k, k = 1 .. B-1.
@@ -63,8 +94,9 @@ class SpeculativeTally {
 
  private:
   int64_t block_size_;
-  int64_t prompts_ = 0, prompts_with_cycles_ = 0, cycles_ = 0, accepted_tokens_ = 0;
-  double tau_sum_ = 0;
+  int64_t prompts_ = 0, prompts_with_cycles_ = 0, prompts_zlab_ = 0, cycles_ = 0,
+          accepted_tokens_ = 0;
+  double tau_sum_ = 0, tau_zlab_sum_ = 0, tau_sglang_sum_ = 0;
   std::vector<int64_t> histogram_;
 };
 

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "model/anchors.h"
+#include "model/dflash_math.h"
 #include "model/precision.h"
 #include "model/synthetic_data.h"
 
@@ -53,6 +54,60 @@ TEST(ScheduleTest, CosineWithWarmupFollowsHuggingFace) {
   EXPECT_DOUBLE_EQ(CosineLearningRate(o, 4), 1.0);
   EXPECT_NEAR(CosineLearningRate(o, 54), 0.5, 1e-12);
   EXPECT_NEAR(CosineLearningRate(o, 104), 0.0, 1e-12);
+}
+
+LearningRatePlan Plan(LrSchedule schedule, double min_lr_ratio) {
+  LearningRatePlan p;
+  p.schedule = schedule;
+  p.learning_rate = 1.0;
+  p.warmup_steps = 10;
+  p.total_steps = 100;
+  p.decay_steps = 20;
+  p.min_lr_ratio = min_lr_ratio;
+  return p;
+}
+
+TEST(ScheduleTest, EveryScheduleWarmsUpLinearlyFromZero) {
+  for (LrSchedule s :
+       {LrSchedule::kCosine, LrSchedule::kLinear, LrSchedule::kConstant, LrSchedule::kWsd}) {
+    EXPECT_DOUBLE_EQ(LearningRateAt(Plan(s, 0.1), 0), 0.0);
+    EXPECT_DOUBLE_EQ(LearningRateAt(Plan(s, 0.1), 5), 0.5);
+    EXPECT_DOUBLE_EQ(LearningRateAt(Plan(s, 0.1), 10), 1.0);
+  }
+}
+
+TEST(ScheduleTest, SchedulesFallToTheFloorAsHuggingFaceComputesThem) {
+  // Half-way through the 90 steps after warmup: halfway between 1 and the floor 0.1.
+  EXPECT_NEAR(LearningRateAt(Plan(LrSchedule::kCosine, 0.1), 55), 0.55, 1e-12);
+  EXPECT_NEAR(LearningRateAt(Plan(LrSchedule::kLinear, 0.1), 55), 0.55, 1e-12);
+  EXPECT_NEAR(LearningRateAt(Plan(LrSchedule::kLinear, 0.1), 99), 0.1 + 0.9 / 90, 1e-12);
+  EXPECT_NEAR(LearningRateAt(Plan(LrSchedule::kLinear, 0.0), 100), 0.0, 1e-12);
+  EXPECT_DOUBLE_EQ(LearningRateAt(Plan(LrSchedule::kConstant, 0.1), 99), 1.0);
+  // wsd: stable until the last 20 steps, then a straight line.
+  EXPECT_DOUBLE_EQ(LearningRateAt(Plan(LrSchedule::kWsd, 0.1), 79), 1.0);
+  EXPECT_DOUBLE_EQ(LearningRateAt(Plan(LrSchedule::kWsd, 0.1), 80), 1.0);
+  EXPECT_NEAR(LearningRateAt(Plan(LrSchedule::kWsd, 0.1), 90), 0.55, 1e-12);
+  EXPECT_NEAR(LearningRateAt(Plan(LrSchedule::kWsd, 0.1), 99), 0.1 + 0.9 / 20, 1e-12);
+  // A decay longer than the steps after warmup starts at the warmup's end.
+  LearningRatePlan long_decay = Plan(LrSchedule::kWsd, 0.0);
+  long_decay.decay_steps = 1000;
+  EXPECT_NEAR(LearningRateAt(long_decay, 55), 0.5, 1e-12);
+}
+
+TEST(ScheduleTest, CosineWithoutAFloorIsTheEarlierScheduleToTheBit) {
+  for (int64_t step = 0; step <= 100; ++step) {
+    EXPECT_EQ(LearningRateAt(Plan(LrSchedule::kCosine, 0.0), step),
+              CosineLearningRate(1.0, 10, 100, step));
+  }
+}
+
+TEST(ScheduleTest, NamesParse) {
+  LrSchedule s = LrSchedule::kCosine;
+  EXPECT_TRUE(ParseLrSchedule("wsd", &s));
+  EXPECT_EQ(s, LrSchedule::kWsd);
+  EXPECT_TRUE(ParseLrSchedule("constant", &s));
+  EXPECT_EQ(s, LrSchedule::kConstant);
+  EXPECT_FALSE(ParseLrSchedule("step", &s));
 }
 
 TEST(TrainerTest, AccumulatedMicrobatchesEqualOneBatch) {

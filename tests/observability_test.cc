@@ -431,7 +431,8 @@ TEST(ReportTest, AJobsReportRendersInHeadlessChromium) {
        ++at) {
     ++charts;
   }
-  EXPECT_EQ(charts, 5) << "loss, tau, accuracy, phases, workers";
+  EXPECT_EQ(charts, 6) << "loss, tau, learning rate, accuracy, phases, workers";
+  EXPECT_THAT(dom.output, HasSubstr(">learning rate</text>"));
   EXPECT_THAT(dom.output, HasSubstr("class=\"bar\""));
   EXPECT_THAT(dom.output, HasSubstr("class=\"area\""));
   EXPECT_THAT(dom.output, HasSubstr(">loss (weighted CE, nats)</text>"));

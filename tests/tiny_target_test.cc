@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
@@ -112,6 +115,47 @@ namespace {
 
 // data.source 'target': the coordinator runs the tiny target online over chat data and two
 // workers train on the hidden states it streams; no shards are written.
+// Evaluations every 6 steps with checkpoint.keep_best and keep_last 1: the best.json record names
+// the evaluation of the highest τ (the earliest of equals), its checkpoint survived the pruning
+// beside the newest one, and drafter-best was exported from it.
+void ExpectTheBestCheckpointKept(const std::string& run, size_t evaluations) {
+  const std::vector<nlohmann::json> evals =
+      ::flashdraft::testing::ReadEvents(run + "/steps.jsonl", "eval");
+  ASSERT_EQ(evals.size(), evaluations);
+  size_t best = 0;
+  for (size_t i = 0; i < evals.size(); ++i) {
+    const nlohmann::json& e = evals[i];
+    EXPECT_EQ(e["completed_steps"], 6 * (i + 1));
+    EXPECT_EQ(e["prompts"], 2);
+    EXPECT_GE(e["tau"].get<double>(), 1.0);
+    EXPECT_GE(e["tau_zlab"].get<double>(), 1.0);
+    EXPECT_GE(e["tau_sglang"].get<double>(), 1.0);
+    EXPECT_GT(e["num_drafts"].get<int64_t>(), 0);
+    EXPECT_EQ(e["num_draft_tokens"].get<int64_t>(), 7 * e["num_drafts"].get<int64_t>());
+    EXPECT_DOUBLE_EQ(e["tau_pooled"].get<double>(),
+                     1.0 + e["num_accepted_tokens"].get<double>() / e["num_drafts"].get<double>());
+    EXPECT_EQ(e["acceptance_per_position"].size(), 7u);
+    if (e["tau"].get<double>() > evals[best]["tau"].get<double>()) best = i;
+  }
+  const nlohmann::json record =
+      nlohmann::json::parse(*ReadFile(run + "/checkpoints/best.json"), nullptr, false);
+  ASSERT_TRUE(record.is_object());
+  EXPECT_EQ(record["completed_steps"], evals[best]["completed_steps"]);
+  EXPECT_DOUBLE_EQ(record["tau"].get<double>(), evals[best]["tau"].get<double>());
+  std::set<std::string> kept;
+  for (const auto& entry : std::filesystem::directory_iterator(run + "/checkpoints")) {
+    if (entry.is_directory()) kept.insert(entry.path().filename().string());
+  }
+  const std::string best_dir = record["checkpoint"].get<std::string>();
+  EXPECT_EQ(kept, (std::set<std::string>{best_dir, "step-00000024"}))
+      << "best " << best_dir << " (" << evals[best]["completed_steps"] << ")";
+  auto exported = RunCommand(absl::StrCat(kCli, " export --checkpoint ", run, "/checkpoints/",
+                                          best_dir, " --out ", run, "/best-again"));
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_EQ(*ReadFile(run + "/drafter-best/model.safetensors"),
+            *ReadFile(run + "/best-again/model.safetensors"));
+}
+
 TEST(OnlineTargetTest, TwoWorkersTrainOnHiddenStatesComputedOnline) {
   TempDir dir;
   auto made = RunCommand(absl::StrCat(kCli, " make-tiny-target --out ", dir.Join("tiny"),
@@ -145,8 +189,10 @@ target: {path: )",
 drafter: {num_hidden_layers: 1, block_size: 8, num_target_features: 2, max_anchors: 16}
 data: {source: target, jsonl: )",
                                        dir.Join("chats.jsonl"), R"(}
-train: {max_steps: 24, global_batch_size: 8, learning_rate: 0.003, warmup_ratio: 0.1}
-eval: {every_steps: 12, prompts: )",
+train: {max_steps: 24, global_batch_size: 8, learning_rate: 0.003, warmup_ratio: 0.1,
+        min_lr_ratio: 0.1}
+checkpoint: {keep_last: 1, keep_best: true}
+eval: {every_steps: 6, prompts: )",
                                        dir.Join("chats.jsonl"), R"(, limit: 2, max_new_tokens: 16}
 )"))
           .ok());
@@ -154,23 +200,19 @@ eval: {every_steps: 12, prompts: )",
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("job finished: 24 steps"));
   std::vector<double> losses;
+  std::vector<double> rates;
   for (const auto& step : ::flashdraft::testing::ReadSteps(dir.Join("run/steps.jsonl"))) {
     losses.push_back(step["loss"].get<double>());
+    rates.push_back(step["learning_rate"].get<double>());
   }
   ASSERT_EQ(losses.size(), 24u);
-  // Evaluated during training, after steps 12 and 24, on the checkpoints of those steps.
-  const std::vector<nlohmann::json> evals =
-      ::flashdraft::testing::ReadEvents(dir.Join("run/steps.jsonl"), "eval");
-  ASSERT_EQ(evals.size(), 2u);
-  EXPECT_EQ(evals[0]["completed_steps"], 12);
-  EXPECT_EQ(evals[1]["completed_steps"], 24);
-  for (const auto& e : evals) {
-    EXPECT_EQ(e["prompts"], 2);
-    EXPECT_GE(e["tau"].get<double>(), 1.0);
-    EXPECT_GT(e["num_drafts"].get<int64_t>(), 0);
-    EXPECT_EQ(e["num_draft_tokens"].get<int64_t>(), 7 * e["num_drafts"].get<int64_t>());
-    EXPECT_EQ(e["acceptance_per_position"].size(), 7u);
-  }
+  // 2 warmup steps (0.1 of 24), then half a cosine toward the floor 0.1 x 0.003.
+  EXPECT_DOUBLE_EQ(rates[0], 0.0);
+  EXPECT_DOUBLE_EQ(rates[1], 0.0015);
+  EXPECT_DOUBLE_EQ(rates[2], 0.003);
+  EXPECT_NEAR(rates[13], 0.0003 + 0.0027 * 0.5, 1e-15);
+  EXPECT_NEAR(rates[23], 0.0003 + 0.0027 * 0.5 * (1 + std::cos(M_PI * 21 / 22)), 1e-15);
+  ExpectTheBestCheckpointKept(dir.Join("run"), 4);
   EXPECT_THAT(run.output, HasSubstr("eval after step 24: tau "));
   const double first = (losses[0] + losses[1] + losses[2]) / 3;
   const double last = (losses[21] + losses[22] + losses[23]) / 3;
