@@ -46,6 +46,7 @@ void AddConfigCommands(CLI::App& app, Commands& out);     // config check
 void AddInspectCommand(CLI::App& app, Commands& out);     // inspect
 void AddDebugCommands(CLI::App& app, Commands& out);      // debug drafter-step|target-features|...
 void AddLaunchCommand(CLI::App& app, Commands& out);      // launch
+void AddRunRankCommand(CLI::App& app, Commands& out);     // run-rank
 void AddMakeShardsCommand(CLI::App& app, Commands& out);  // make-shards
 void AddMakeTinyTargetCommand(CLI::App& app, Commands& out);  // make-tiny-target
 void AddMakeTargetCommand(CLI::App& app, Commands& out);      // make-target

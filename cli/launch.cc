@@ -80,6 +80,8 @@ std::string GpuJobProblem(const JobConfig& job, const std::string& worker_bin, i
   return "";
 }
 
+}  // namespace
+
 // train.blas_kernel for every process launch starts: OpenBLAS reads OPENBLAS_CORETYPE only when it
 // loads, so the name must be in a process's environment at exec. The children (coordinator,
 // workers, their restarts, the --probe) inherit the launcher's environ through execv/popen, so it
@@ -95,6 +97,8 @@ absl::Status PinChildrenBlasKernel(const std::string& kernel) {
   std::fflush(stdout);
   return absl::OkStatus();
 }
+
+namespace {
 
 std::string BinDir() {
   std::error_code ec;
@@ -139,7 +143,8 @@ absl::StatusOr<JobConfig> LaunchJob(const LaunchOptions& o) {
   return job;
 }
 
-// The workers' TLS files and job secret (paths only) from the job's security section.
+}  // namespace
+
 absl::StatusOr<std::vector<std::string>> WorkerSecurityArgs(const JobConfig& job,
                                                             const std::string& job_path) {
   const ClientSecurity client = ClientSecurityFor(job.security);
@@ -163,13 +168,10 @@ absl::StatusOr<std::vector<std::string>> WorkerSecurityArgs(const JobConfig& job
   return args;
 }
 
-// Each worker's and feeder's /metrics port goes where a person finds it (targets.json lists them
-// for Prometheus).
 bool WorkerMetrics(const JobConfig& job) {
   return job.metrics.enabled && !job.metrics.worker_listen.empty();
 }
 
-// <out>/logs, <out>/metrics and the job file the coordinator reads, <out>/job.yaml (returned).
 absl::StatusOr<std::string> PrepareOutputDir(const JobConfig& job) {
   std::error_code ec;
   std::filesystem::create_directories(job.output_dir + "/logs", ec);
@@ -182,12 +184,6 @@ absl::StatusOr<std::string> PrepareOutputDir(const JobConfig& job) {
   if (absl::Status s = WriteFileAtomically(job_file, JobConfigToYaml(job)); !s.ok()) return s;
   return job_file;
 }
-
-struct Binaries {
-  std::string coordinator;
-  std::string worker;
-  std::string feeder;
-};
 
 absl::StatusOr<Binaries> FindBinaries(const JobConfig& job) {
   const std::string bin = BinDir();
@@ -203,6 +199,8 @@ absl::StatusOr<Binaries> FindBinaries(const JobConfig& job) {
   return binaries;
 }
 
+namespace {
+
 // What must hold before anything starts: the BLAS kernel pinned, the GPUs there, the memory.
 absl::Status Preflight(const JobConfig& job, const LaunchOptions& o, const Binaries& binaries) {
   if (absl::Status s = PinChildrenBlasKernel(job.train.blas_kernel); !s.ok()) return s;
@@ -212,15 +210,12 @@ absl::Status Preflight(const JobConfig& job, const LaunchOptions& o, const Binar
   return CheckLaunchMemory(job, o);
 }
 
-std::vector<std::string> WorkerArgv(const JobConfig& job, const std::string& worker_bin, int port,
-                                    int rank, const std::vector<std::string>& security) {
-  std::vector<std::string> argv = {worker_bin, "--coordinator", absl::StrCat("127.0.0.1:", port),
-                                   "--id", absl::StrCat("worker-", rank)};
-  if (job.cluster.backend == "nccl") {  // worker r on the r-th visible GPU
-    argv.push_back("--cuda-device");
-    argv.push_back(absl::StrCat(rank));
-  }
-  argv.insert(argv.end(), security.begin(), security.end());
+// Worker `rank` of this host, on its rank's GPU with NCCL, its /metrics port in <out>/metrics.
+std::vector<std::string> LocalWorkerArgv(const JobConfig& job, const std::string& worker_bin,
+                                         int port, int rank,
+                                         const std::vector<std::string>& security) {
+  std::vector<std::string> argv =
+      WorkerArgv(job, worker_bin, absl::StrCat("127.0.0.1:", port), rank, rank, security);
   if (WorkerMetrics(job)) {
     argv.push_back("--metrics-port-file");
     argv.push_back(absl::StrCat(job.output_dir, "/metrics/worker-", rank, ".port"));
@@ -254,12 +249,28 @@ std::vector<std::string> FeederArgv(const JobConfig& job, const std::string& fee
   return argv;
 }
 
-// The coordinator's port once it wrote it, else 0.
+}  // namespace
+
 int ReadPort(const std::string& port_file) {
   int port = 0;
   std::ifstream in(port_file);
   return in >> port && port > 0 ? port : 0;
 }
+
+std::vector<std::string> WorkerArgv(const JobConfig& job, const std::string& worker_bin,
+                                    const std::string& coordinator, int rank, int cuda_device,
+                                    const std::vector<std::string>& security) {
+  std::vector<std::string> argv = {worker_bin, "--coordinator", coordinator, "--id",
+                                   absl::StrCat("worker-", rank)};
+  if (job.cluster.backend == "nccl") {
+    argv.push_back("--cuda-device");
+    argv.push_back(absl::StrCat(cuda_device));
+  }
+  argv.insert(argv.end(), security.begin(), security.end());
+  return argv;
+}
+
+namespace {
 
 void ReportOutcome(LaunchConsole& console, const JobOutcome& outcome, int workers, int feeders,
                    const std::string& output_dir) {
@@ -304,7 +315,7 @@ int Supervise(const JobConfig& job, const LaunchOptions& o, const Binaries& bina
   supervisor.SetCoordinatorRestartArgs({"--set", absl::StrCat("cluster.listen=127.0.0.1:", *port),
                                         "--set", "checkpoint.resume=true"});
   for (int r = 0; r < o.workers; ++r) {
-    const std::vector<std::string> argv = WorkerArgv(job, binaries.worker, *port, r, security);
+    const std::vector<std::string> argv = LocalWorkerArgv(job, binaries.worker, *port, r, security);
     if (!supervisor.StartWorker(absl::StrCat("worker-", r), argv).ok()) {
       supervisor.SignalAll(SIGTERM);
       return Fail("cannot start a worker");

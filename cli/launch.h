@@ -9,6 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/job_config.h"
+
 namespace flashdraft {
 
 struct LaunchOptions {
@@ -27,5 +31,35 @@ struct LaunchOptions {
 };
 
 int Launch(const LaunchOptions& options);
+
+// What `flashdraft run-rank` (run_rank.h) shares with launch.
+
+// Sets OPENBLAS_CORETYPE to train.blas_kernel for every child started after it (empty: unchanged).
+absl::Status PinChildrenBlasKernel(const std::string& kernel);
+// The workers' TLS files and job secret (paths only) from the job's security section, as
+// flashdraft-worker flags.
+absl::StatusOr<std::vector<std::string>> WorkerSecurityArgs(const JobConfig& job,
+                                                            const std::string& job_path);
+// Each worker's and feeder's /metrics port goes where a person finds it (targets.json lists them
+// for Prometheus).
+bool WorkerMetrics(const JobConfig& job);
+// <out>/logs, <out>/metrics and the job file the coordinator reads, <out>/job.yaml (returned).
+absl::StatusOr<std::string> PrepareOutputDir(const JobConfig& job);
+
+// The process binaries next to this one.
+struct Binaries {
+  std::string coordinator;
+  std::string worker;
+  std::string feeder;
+};
+absl::StatusOr<Binaries> FindBinaries(const JobConfig& job);
+
+// The coordinator's port once it wrote it to `port_file`, else 0.
+int ReadPort(const std::string& port_file);
+// flashdraft-worker joining `coordinator` (host:port) as worker-<rank>, on cuda:<cuda_device>
+// with NCCL.
+std::vector<std::string> WorkerArgv(const JobConfig& job, const std::string& worker_bin,
+                                    const std::string& coordinator, int rank, int cuda_device,
+                                    const std::vector<std::string>& security);
 
 }  // namespace flashdraft

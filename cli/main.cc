@@ -13,10 +13,10 @@ int main(int argc, char** argv) {
   // In the order `flashdraft --help` lists them.
   for (auto add :
        {flashdraft::AddConfigCommands, flashdraft::AddInspectCommand, flashdraft::AddDebugCommands,
-        flashdraft::AddLaunchCommand, flashdraft::AddMakeShardsCommand,
-        flashdraft::AddMakeTinyTargetCommand, flashdraft::AddMakeTargetCommand,
-        flashdraft::AddPrepareCommand, flashdraft::AddEvalCommand, flashdraft::AddReportCommand,
-        flashdraft::AddStatusCommand, flashdraft::AddExportCommand,
+        flashdraft::AddLaunchCommand, flashdraft::AddRunRankCommand,
+        flashdraft::AddMakeShardsCommand, flashdraft::AddMakeTinyTargetCommand,
+        flashdraft::AddMakeTargetCommand, flashdraft::AddPrepareCommand, flashdraft::AddEvalCommand,
+        flashdraft::AddReportCommand, flashdraft::AddStatusCommand, flashdraft::AddExportCommand,
         flashdraft::AddVersionCommand}) {
     add(app, commands);
   }

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,6 +29,7 @@ absl::StatusOr<ProcessId> PosixProcessLauncher::Spawn(const std::vector<std::str
   if (pipe2(fds, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
     const int error = errno;
@@ -37,6 +39,11 @@ absl::StatusOr<ProcessId> PosixProcessLauncher::Spawn(const std::vector<std::str
   }
   if (pid == 0) {
     setpgid(0, 0);
+    // A launcher killed outright (SIGKILL, the OOM killer) takes its children with it instead of
+    // leaving them holding ports and devices; they get the SIGTERM a stop would send. Spawn runs on
+    // the thread that supervises them until they exit, which this signal is tied to.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);  // the launcher died before the prctl
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
     std::vector<char*> args;
