@@ -8,12 +8,11 @@ namespace flashdraft {
 
 double CosineLearningRate(double learning_rate, int64_t warmup_steps, int64_t total_steps,
                           int64_t step) {
-  if (step < warmup_steps) {
-    return learning_rate * static_cast<double>(step) / std::max<int64_t>(1, warmup_steps);
-  }
-  const double progress =
-      static_cast<double>(step - warmup_steps) / std::max<int64_t>(1, total_steps - warmup_steps);
-  return learning_rate * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, progress))));
+  LearningRatePlan plan;
+  plan.learning_rate = learning_rate;
+  plan.warmup_steps = warmup_steps;
+  plan.total_steps = total_steps;
+  return LearningRateAt(plan, step);
 }
 
 bool ParseLrSchedule(std::string_view name, LrSchedule* out) {
@@ -41,9 +40,6 @@ double Fallen(int64_t step, int64_t from, int64_t to) {
 }  // namespace
 
 double LearningRateAt(const LearningRatePlan& p, int64_t step) {
-  if (p.schedule == LrSchedule::kCosine && p.min_lr_ratio == 0) {
-    return CosineLearningRate(p.learning_rate, p.warmup_steps, p.total_steps, step);
-  }
   if (step < p.warmup_steps) {
     return p.learning_rate * static_cast<double>(step) / std::max<int64_t>(1, p.warmup_steps);
   }

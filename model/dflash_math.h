@@ -27,8 +27,7 @@ struct LearningRatePlan {
   double min_lr_ratio = 0;  // the floor, as a fraction of learning_rate
 };
 
-// The plan's learning rate at `step` (0-based). With kCosine and min_lr_ratio 0 it is
-// CosineLearningRate to the bit.
+// The plan's learning rate at `step` (0-based).
 double LearningRateAt(const LearningRatePlan& plan, int64_t step);
 
 // acc_k = correct_k / total_k (0 where total_k = 0).
