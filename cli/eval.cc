@@ -23,6 +23,7 @@
 #include "model/drafter.h"
 #include "model/drafter_config.h"
 #include "model/generate.h"
+#include "model/numeric_probe.h"
 #include "model/speculative.h"
 #include "model/target_model.h"
 
@@ -244,7 +245,7 @@ absl::StatusOr<std::vector<PromptResult>> DecodePrompts(
 }  // namespace
 
 int RunEval(const EvalOptions& o) {
-  torch::set_num_threads(std::max(1, o.threads));
+  PinComputeThreads(o.threads);
   torch::NoGradGuard no_grad;
   absl::StatusOr<std::unique_ptr<TargetModel>> target = TargetModel::Load(o.target);
   if (!target.ok()) return Fail(target.status());

@@ -19,6 +19,7 @@
 #include "common/status_macros.h"
 #include "common/tokenizer.h"
 #include "model/generate.h"
+#include "model/numeric_probe.h"
 #include "model/target_model.h"
 
 namespace flashdraft {
@@ -212,7 +213,7 @@ absl::Status MakeTinyTarget(const MakeTinyTargetOptions& o) {
 
   // 2. Model.
   torch::manual_seed(o.seed);
-  torch::set_num_threads(o.threads);
+  PinComputeThreads(o.threads);
   const json config = ConfigJson(o, vocab_size, eos, eos);
   std::map<std::string, torch::Tensor> params;
   FD_ASSIGN_OR_RETURN(auto model, InitTinyModel(config, params));

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
 #include "model/dflash_math.h"
+#include "model/numeric_probe.h"
 #include "model/synthetic_data.h"
 #include "model/trainer.h"
 
@@ -105,7 +106,7 @@ absl::Status RunSyntheticTraining(const SyntheticTrainingOptions& o) {
   if (absl::Status s = CheckOptions(o); !s.ok()) return s;
   const std::optional<double> gamma = DefaultLossDecayGamma(static_cast<int>(o.block_size));
   if (!gamma) return absl::InvalidArgumentError("block_size must be 8, 10 or 16");
-  torch::set_num_threads(o.threads);
+  PinComputeThreads(o.threads);
   std::ofstream steps_file;
   if (absl::Status s = OpenStepsFile(o.out_dir, steps_file); !s.ok()) return s;
 

@@ -249,6 +249,14 @@ bool IsPrintableAscii(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
 }
 
+bool PinBlasThreads(int threads) {
+  using SetFn = void (*)(int);
+  const auto set = OpenBlasSymbol<SetFn>("openblas_set_num_threads");
+  if (set == nullptr) return false;
+  set(std::max(1, threads));
+  return true;
+}
+
 absl::Status PinBlasKernel(const std::string& kernel, char** argv) {
   if (kernel.empty()) return absl::OkStatus();
   if (!ValidBlasKernelName(kernel)) {

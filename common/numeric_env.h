@@ -28,9 +28,10 @@ struct NumericEnv {
   std::string blas_core;    // the kernel OpenBLAS chose at load time, "Haswell"
   std::string device;       // where it computes: "cpu", or "cuda NVIDIA H200"
   // Reported, not compared: they only say where a difference comes from. (OpenBLAS's thread
-  // count: its matrix products split rows and columns, not the summed dimension; its level-1
-  // reductions do split by threads, but the bitwise tests compare runs of different OpenBLAS
-  // thread counts — the containers' and the host's — and agree.)
+  // count does change bits: some of its products split the summed dimension by threads. Every
+  // process of a job sets it to train.intra_op_threads once it has the job, PinComputeThreads in
+  // model/numeric_probe.h, so it is not left to each machine's core count; a worker's Join
+  // reports the count it started with.)
   int blas_threads = 0;
   std::vector<std::string> blas_env;  // the OPENBLAS_* variables seen, "NAME=value", sorted
   std::string cpu;                    // the processor's model name
@@ -89,5 +90,9 @@ bool IsPrintableAscii(const std::string& s);
 // (FLASHDRAFT_BLAS_PINNED), or OpenBLAS was given the name and chose another kernel (a name it does
 // not know, or a kernel this CPU cannot run).
 absl::Status PinBlasKernel(const std::string& kernel, char** argv);
+
+// Sets the number of threads OpenBLAS computes with (openblas_set_num_threads); returns false when
+// this process's BLAS is not OpenBLAS. `threads` >= 1.
+bool PinBlasThreads(int threads);
 
 }  // namespace flashdraft

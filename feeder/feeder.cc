@@ -232,6 +232,9 @@ absl::Status FeederProcess::ServeMetrics() {
 }
 
 absl::Status FeederProcess::OpenTarget() {
+  // The job's thread count, as the coordinator computes the target with it: a feeder in a container
+  // of another core count computes the same bits (--threads computes that many shards at once).
+  PinComputeThreads(job_.train.intra_op_threads);
   FD_ASSIGN_OR_RETURN(features_,
                       TargetFeatures::Open(TargetFeatureOptionsFor(job_, o_.target_path)));
   layout_ = {features_->feature_size(), features_->feature_dtype(), job_.data.max_seq_len};

@@ -1,7 +1,10 @@
 #include "model/numeric_probe.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/Version.h>
 #include <torch/version.h>
+
+#include <algorithm>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -46,6 +49,11 @@ NumericEnv ProbeNumericEnv(const std::string& gpu, bool on_gpu) {
   SanitizeNumericEnv(env);
   env.device = ComputeDevice(env.gpu, on_gpu);
   return env;
+}
+
+void PinComputeThreads(int threads) {
+  at::set_num_threads(std::max(1, threads));
+  PinBlasThreads(threads);
 }
 
 }  // namespace flashdraft

@@ -168,7 +168,7 @@ absl::Status AcceptJob(const WorkerOptions& o, const v1::JoinRequest& join,
   FD_RETURN_IF_ERROR(StartMetrics(o, job, numerics, endpoint));
   if (endpoint.metrics) endpoint.metrics->Joined();
   // One thread count for the whole job (train.intra_op_threads): some reductions split by it.
-  torch::set_num_threads(job.train.intra_op_threads);
+  PinComputeThreads(job.train.intra_op_threads);
   LOG(INFO) << "joined as '" << join.worker_id() << "' with " << job.train.intra_op_threads
             << " intra-op thread(s), precision " << job.train.precision << ", on "
             << job.worker.device;
