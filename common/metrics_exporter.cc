@@ -1,5 +1,7 @@
 #include "common/metrics_exporter.h"
 
+#include <CivetServer.h>
+#include <civetweb.h>
 #include <netdb.h>
 #include <prometheus/metric_family.h>
 #include <prometheus/text_serializer.h>
@@ -13,6 +15,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -20,11 +23,63 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/net_util.h"
 #include "common/process_memory.h"
 
 namespace flashdraft {
 namespace {
+
+// The HealthState each serving exporter answers for, by its listening port: civetweb's request
+// callback is one function for the process, and a request says which port it came in on. A probe
+// reads its state under this lock, so an exporter that unregisters (in its destructor, before its
+// server stops) never has its state read after that.
+struct ProbeRegistry {
+  absl::Mutex mu;
+  std::map<int, const HealthState*> by_port ABSL_GUARDED_BY(mu);
+};
+
+ProbeRegistry& Probes() {
+  static ProbeRegistry* registry = new ProbeRegistry();
+  return *registry;
+}
+
+// civetweb's begin_request: answers GET or HEAD /healthz and /readyz (text, 200 or 503) and leaves
+// everything else (0) to prometheus-cpp's handlers. A port not registered yet is starting: 503.
+int AnswerProbe(mg_connection* conn) {
+  const mg_request_info* info = mg_get_request_info(conn);
+  if (info == nullptr || info->local_uri == nullptr) return 0;
+  const absl::string_view uri = info->local_uri;
+  const bool healthz = uri == "/healthz";
+  if (!healthz && uri != "/readyz") return 0;
+  ProbeAnswer answer{503, "starting"};
+  {
+    ProbeRegistry& probes = Probes();
+    absl::MutexLock lock(&probes.mu);
+    auto it = probes.by_port.find(info->server_port);
+    if (it != probes.by_port.end()) {
+      answer = healthz ? it->second->Healthz() : it->second->Readyz();
+    }
+  }
+  const std::string body = answer.body + "\n";
+  mg_printf(conn,
+            "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %zu\r\n"
+            "Cache-Control: no-store\r\nConnection: close\r\n\r\n",
+            answer.status, answer.status == 200 ? "OK" : "Service Unavailable", body.size());
+  if (info->request_method == nullptr || std::strcmp(info->request_method, "HEAD") != 0) {
+    mg_write(conn, body.data(), body.size());
+  }
+  return answer.status;
+}
+
+const CivetCallbacks* ProbeCallbacks() {
+  static const CivetCallbacks* callbacks = [] {
+    auto* c = new CivetCallbacks();
+    c->begin_request = AnswerProbe;
+    return c;
+  }();
+  return callbacks;
+}
 
 // The standard process metrics (the names every Prometheus client library uses), read from
 // /proc/self when scraped: resident and virtual memory, CPU time, start time, open descriptors,
@@ -123,6 +178,11 @@ MetricsExporter::MetricsExporter(const prometheus::Labels& build_labels,
 // the exposer stops, connections wake it, so that a process exits at once instead of up to 2 s
 // later (long enough for launch's end-of-job SIGTERM to find it still there).
 MetricsExporter::~MetricsExporter() {
+  if (probe_port_ >= 0) {
+    ProbeRegistry& probes = Probes();
+    absl::MutexLock lock(&probes.mu);
+    probes.by_port.erase(probe_port_);
+  }
   if (exposer_ == nullptr || wake_length_ == 0) return;
   std::atomic<bool> stopped{false};
   std::thread waker([this, &stopped] {
@@ -159,7 +219,7 @@ prometheus::Histogram& MetricsExporter::Seconds(const std::string& name, const s
 
 absl::StatusOr<int> MetricsExporter::Serve(const std::string& listen, const std::string& field) {
   try {
-    exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/1);
+    exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/1, ProbeCallbacks());
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat(field, " ", listen, ": cannot serve /metrics: ", e.what()));
@@ -169,6 +229,12 @@ absl::StatusOr<int> MetricsExporter::Serve(const std::string& listen, const std:
   const std::vector<int> ports = exposer_->GetListeningPorts();
   if (ports.empty()) return absl::UnavailableError(absl::StrCat(field, " ", listen, ": no port"));
   SetWakeAddress(listen, ports.front());
+  {
+    ProbeRegistry& probes = Probes();
+    absl::MutexLock lock(&probes.mu);
+    // Two exporters of one process on one port number (another address family): the first answers.
+    if (probes.by_port.emplace(ports.front(), &health_).second) probe_port_ = ports.front();
+  }
   return ports.front();
 }
 

@@ -2,7 +2,8 @@
 // registry, the families built the same way (prefix flashdraft_, base units, counters end in
 // _total, no unbounded labels), flashdraft_build_info, the standard process_* metrics read from
 // /proc at scrape time, and prometheus-cpp's Exposer serving /metrics on a "host:port" (port 0
-// picks one). The coordinator's CoordinatorMetrics and the worker's WorkerMetrics are built on it.
+// picks one) with /healthz and /readyz beside it. The coordinator's CoordinatorMetrics, the
+// worker's WorkerMetrics and the feeder's FeederMetrics are built on it.
 #pragma once
 
 #include <prometheus/counter.h>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/health.h"
 
 namespace flashdraft {
 
@@ -38,9 +40,12 @@ class MetricsExporter {
   prometheus::Histogram& Seconds(const std::string& name, const std::string& help,
                                  const prometheus::Labels& labels = {});
 
-  // Serves /metrics on `listen`; `field` names the setting in errors (e.g. "metrics.listen").
-  // Returns the bound port.
+  // Serves /metrics on `listen`, and /healthz and /readyz as health() answers them; `field` names
+  // the setting in errors (e.g. "metrics.listen"). Returns the bound port.
   absl::StatusOr<int> Serve(const std::string& listen, const std::string& field);
+
+  // What /healthz and /readyz answer (common/health.h): the process reports to it.
+  HealthState& health() { return health_; }
 
   // The exposition text of everything, as a scrape returns it.
   std::string Text() const;
@@ -49,6 +54,8 @@ class MetricsExporter {
   // Where the destructor knocks to wake the listener (see there).
   void SetWakeAddress(const std::string& listen, int port);
 
+  HealthState health_;
+  int probe_port_ = -1;  // where health_ answers (registered by port, see metrics_exporter.cc)
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> process_;
   std::unique_ptr<prometheus::Exposer> exposer_;

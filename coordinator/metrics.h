@@ -61,6 +61,9 @@ class CoordinatorMetrics {
   void RecordCheckpoint(double seconds, double unix_time);
   void RecordEval(const EvalSummary& eval);
 
+  // /healthz and /readyz beside /metrics (common/health.h).
+  HealthState& health() { return exporter_.health(); }
+
   // The exposition text of everything, as a scrape returns it (tests, `flashdraft status`).
   std::string Text() const { return exporter_.Text(); }
 

@@ -244,6 +244,7 @@ absl::Status FeederProcess::OpenTarget() {
 absl::Status FeederProcess::Feed() {
   stream_ = stub_->Feed(&feed_ctx_);
   ReportStatus(/*first=*/true);
+  metrics_->health().Ready(true, absl::StrCat("feeding job '", job_.name, "'"));
   std::vector<std::thread> computing;
   for (int i = 0; i < std::max(1, o_.threads); ++i) computing.emplace_back([this] { Compute(); });
   // One generation at a time: each holds a KV cache (the memory estimate counts one).
@@ -441,6 +442,7 @@ void FeederProcess::ReportLoop() {
       if (clock.AwaitUntil(stop_mu_, absl::Condition(&stopped), clock.Now() + interval)) return;
     }
     ReportStatus(/*first=*/false);
+    metrics_->health().Alive(job_.cluster.heartbeat_timeout_seconds, "the feeder's status thread");
   }
 }
 

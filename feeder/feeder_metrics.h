@@ -35,6 +35,9 @@ class FeederMetrics {
 
   std::string Text() const { return exporter_.Text(); }
 
+  // /healthz and /readyz beside /metrics (common/health.h).
+  HealthState& health() { return exporter_.health(); }
+
  private:
   MetricsExporter exporter_;
   prometheus::Counter* shards_;

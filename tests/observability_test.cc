@@ -180,6 +180,61 @@ TEST(PrometheusTest, LiveScrapesOfTheCoordinatorAndAWorkerPassPromtoolCheckMetri
   EXPECT_GT(names, 25);
 }
 
+// The first answer of GET `path` on `port` whose status is `status`, polled for up to `seconds`
+// (status 0 when none came).
+testing::HttpResponse AwaitProbe(int port, const std::string& path, int status, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    auto answer = HttpGet(port, path);
+    if (answer.ok() && answer->status == status) return *answer;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return {};
+}
+
+// /healthz and /readyz beside /metrics: the coordinator is ready once it serves, a worker once it
+// has trained a step; a worker whose training thread stops for good inside forward (the injected
+// stall) is no longer live once cluster.stall_timeout_seconds pass, and says where it stopped.
+TEST(HealthTest, ProbesFollowAWorkerFromItsJoinToAStall) {
+  TempDir dir;
+  const std::string job =
+      WriteJob(dir, "health", 100000,
+               "metrics: {enabled: true, listen: '127.0.0.1:0'}\ncluster: {stall_timeout_seconds: "
+               "3}\n");
+  ASSERT_FALSE(job.empty());
+  CoordinatorProcess coordinator(kBin, job, dir.Join("coordinator.log"));
+  ASSERT_GT(coordinator.port(), 0) << *ReadFile(dir.Join("coordinator.log"));
+  const int metrics_port = testing::WaitForPortFile(dir.Join("out/metrics.port"));
+  ASSERT_GT(metrics_port, 0);
+  const testing::HttpResponse serving = AwaitProbe(metrics_port, "/readyz", 200, 10);
+  EXPECT_EQ(serving.body, absl::StrCat("ok: serving on port ", coordinator.port(), "\n"));
+  EXPECT_EQ(AwaitProbe(metrics_port, "/healthz", 200, 10).body, "ok\n");
+
+  const int worker = StartProcess(
+      {kBin + "/flashdraft-worker", "--coordinator", absl::StrCat("127.0.0.1:", coordinator.port()),
+       "--metrics-port-file", dir.Join("worker.port")},
+      dir.Join("worker.log"), {"FLASHDRAFT_FAULT=stall:step=6:rank=0"});
+  const int worker_port = testing::WaitForPortFile(dir.Join("worker.port"));
+  const testing::HttpResponse trained =
+      worker_port > 0 ? AwaitProbe(worker_port, "/readyz", 200, 60) : testing::HttpResponse{};
+  const testing::HttpResponse live =
+      worker_port > 0 ? AwaitProbe(worker_port, "/healthz", 200, 10) : testing::HttpResponse{};
+  const testing::HttpResponse stuck =
+      worker_port > 0 ? AwaitProbe(worker_port, "/healthz", 503, 60) : testing::HttpResponse{};
+  const testing::HttpResponse coordinator_live = AwaitProbe(metrics_port, "/healthz", 200, 10);
+  kill(worker, SIGKILL);
+  waitpid(worker, nullptr, 0);
+  ASSERT_GT(worker_port, 0) << *ReadFile(dir.Join("worker.log"));
+  EXPECT_THAT(trained.body, ::testing::StartsWith("ok: trained step "))
+      << *ReadFile(dir.Join("worker.log"));
+  EXPECT_EQ(live.body, "ok\n");
+  EXPECT_THAT(stuck.body,
+              HasSubstr("the training thread has made no progress in forward of step 6 for "))
+      << *ReadFile(dir.Join("worker.log"));
+  EXPECT_THAT(stuck.body, HasSubstr("(cluster.stall_timeout_seconds: 3)"));
+  EXPECT_EQ(coordinator_live.body, "ok\n");
+}
+
 // The job's file_sd target file follows membership: each worker is listed (with the port it wrote
 // to its --metrics-port-file) once it serves /metrics, a killed worker disappears, the same worker
 // started again comes back with its new port; `flashdraft status --json` names the same endpoints.

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "absl/strings/str_format.h"
 #include "glog/logging.h"
 
 namespace flashdraft {
@@ -9,15 +10,31 @@ namespace flashdraft {
 SessionMonitor::SessionMonitor(const Clock& clock, const MonitorOptions& options,
                                const SessionProgress& progress,
                                std::function<bool(v1::WorkerMessage&)> write,
-                               std::function<void()> on_stuck)
+                               std::function<void()> on_stuck, HealthState* health)
     : clock_(clock),
       options_(options),
       progress_(progress),
       write_(std::move(write)),
-      on_stuck_(std::move(on_stuck)) {}
+      on_stuck_(std::move(on_stuck)),
+      health_(health) {}
+
+void SessionMonitor::ReportHealth(double now) {
+  const uint64_t counter = progress_.counter;
+  if (!progress_seen_ || progress_seen_->first != counter) progress_seen_.emplace(counter, now);
+  const double still = now - progress_seen_->second;
+  if (progress_.busy && still > options_.stall_timeout_seconds) {
+    health_->Stuck(absl::StrFormat(
+        "the training thread has made no progress in %s of step %d for %.0f s "
+        "(cluster.stall_timeout_seconds: %g)",
+        progress_.phase.load(), progress_.step.load(), still, options_.stall_timeout_seconds));
+  } else {
+    health_->Alive(options_.heartbeat_timeout_seconds, "the heartbeat thread");
+  }
+}
 
 void SessionMonitor::Tick(bool leave_requested, bool stream_lost) {
   const double now = clock_.Now();
+  if (health_ != nullptr) ReportHealth(now);
   if (leave_requested && !leave_sent_) {
     LOG(INFO) << "asked to leave: leaving at the next step boundary";
     v1::WorkerMessage m;

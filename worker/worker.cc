@@ -259,6 +259,7 @@ absl::Status RunWorker(const WorkerOptions& o) {
       return absl::OkStatus();
     }
     if (!absl::IsUnavailable(s)) return s;
+    if (metrics.metrics) metrics.metrics->Rejoining(std::string(s.message()));
     const double now = Now();
     if (now - started > 5) {  // it trained: a fresh loss
       lost_at = now;

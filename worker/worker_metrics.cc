@@ -1,5 +1,7 @@
 #include "worker/worker_metrics.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace flashdraft {
 
 WorkerMetrics::WorkerMetrics(const std::string& device, const std::string& backend,
@@ -43,7 +45,15 @@ void WorkerMetrics::SetDeviceMemory(int64_t used_bytes, int64_t total_bytes) {
   device_total_->Set(static_cast<double>(total_bytes));
 }
 
-void WorkerMetrics::Joined() { joins_->Increment(); }
+void WorkerMetrics::Joined() {
+  joins_->Increment();
+  exporter_.health().Ready(false, "joined, no step trained yet");
+}
+
+void WorkerMetrics::Rejoining(const std::string& why) {
+  exporter_.health().Alive(HealthState::kForever, "the worker's join loop");
+  exporter_.health().Ready(false, "joining the coordinator again: " + why);
+}
 
 void WorkerMetrics::SetMembership(int rank, uint64_t epoch) {
   rank_->Set(rank);
@@ -56,6 +66,7 @@ void WorkerMetrics::RecordStep(uint64_t step, const StepPhases& p, uint64_t coll
   const double seconds[] = {p.wait, p.forward, p.backward, p.allreduce, p.optimizer};
   for (size_t i = 0; i < phases_.size(); ++i) phases_[i]->Observe(seconds[i]);
   collective_bytes_->Increment(static_cast<double>(collective_bytes));
+  exporter_.health().Ready(true, absl::StrCat("trained step ", step));
 }
 
 void WorkerMetrics::CollectiveError() { collective_errors_->Increment(); }

@@ -28,7 +28,9 @@ class WorkerMetrics {
     return exporter_.Serve(listen, field);
   }
 
-  void Joined();  // a session with the coordinator began
+  void Joined();  // a session with the coordinator began (not ready until its first step)
+  // The session ended and the worker joins again: live without a heartbeat thread, not ready.
+  void Rejoining(const std::string& why);
   // This worker's place in a new membership epoch (rank -1: none).
   void SetMembership(int rank, uint64_t epoch);
   // A step this worker computed and acked: its phases (the optimizer's is the previous step's)
@@ -41,6 +43,10 @@ class WorkerMetrics {
   void SetDeviceMemory(int64_t used_bytes, int64_t total_bytes);
 
   std::string Text() const { return exporter_.Text(); }
+
+  // /healthz and /readyz (common/health.h). Ready: joined, and trained a step since (Joined and
+  // RecordStep say so); live: the session's heartbeat thread reports (SessionMonitor).
+  HealthState& health() { return exporter_.health(); }
 
  private:
   MetricsExporter exporter_;

@@ -450,9 +450,10 @@ void WorkerSession::Heartbeats() {
   MonitorOptions options;
   options.heartbeat_interval_seconds = setup_.job.cluster.heartbeat_interval_seconds;
   options.stall_timeout_seconds = setup_.job.cluster.stall_timeout_seconds;
+  options.heartbeat_timeout_seconds = setup_.job.cluster.heartbeat_timeout_seconds;
   SessionMonitor monitor(
       clock_, options, progress_, [this](v1::WorkerMessage& m) { return Write(m); },
-      hooks_.on_stuck);
+      hooks_.on_stuck, hooks_.metrics != nullptr ? &hooks_.metrics->health() : nullptr);
   do {
     monitor.Tick(hooks_.leave != nullptr && hooks_.leave->requested(), inbox_.stream_lost());
     if (hooks_.metrics) {  // the bytes received are counted as they arrive (SessionInbox)

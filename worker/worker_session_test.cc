@@ -897,6 +897,39 @@ TEST(SessionMonitorTest, AStuckTrainingThreadWithTheStreamGoneEndsTheProcess) {
   EXPECT_EQ(h.stuck_calls, 1);  // once
 }
 
+// /healthz: 503 while the training thread computes without progress past the stall timeout
+// (stream or no stream), and once the heartbeat thread itself stops reporting.
+TEST(SessionMonitorTest, TellsHealthzWhetherTheTrainingThreadMakesProgress) {
+  FakeClock clock;
+  SessionProgress progress;
+  HealthState health(clock);
+  SessionMonitor monitor(
+      clock, MonitorOptions{2.0, 300.0, 20.0}, progress, [](v1::WorkerMessage&) { return true; },
+      [] {}, &health);
+  progress.Enter("forward", 3, true);
+  monitor.Tick(false, false);
+  EXPECT_EQ(health.Healthz().status, 200);
+  clock.Advance(299);
+  monitor.Tick(false, false);
+  EXPECT_EQ(health.Healthz().status, 200);
+  progress.Enter("backward", 3, true);
+  clock.Advance(2);
+  monitor.Tick(false, false);
+  clock.Advance(301);
+  monitor.Tick(false, false);
+  EXPECT_EQ(health.Healthz().status, 503);
+  EXPECT_EQ(health.Healthz().body,
+            "the training thread has made no progress in backward of step 3 for 301 s "
+            "(cluster.stall_timeout_seconds: 300)");
+  progress.Enter("reduce", 3, false);  // waiting for its peers is not stuck
+  clock.Advance(1000);
+  monitor.Tick(false, false);
+  EXPECT_EQ(health.Healthz().status, 200);
+  clock.Advance(21);  // no tick: the heartbeat thread stopped
+  EXPECT_EQ(health.Healthz().status, 503);
+  EXPECT_EQ(health.Healthz().body, "no progress report from the heartbeat thread for 21.0 s");
+}
+
 TEST(SessionMonitorTest, AThreadWaitingForItsPeersIsNotStuck) {
   MonitorHarness h;
   h.progress.Enter("reduce", 3, false);
