@@ -33,9 +33,9 @@ class LaunchCommand : public Command {
                     "start a crashed worker again up to this many times (1 s, 2 s, 4 s ... later)")
         ->capture_default_str()
         ->check(CLI::Range(0, 1000));
-    app().add_option(
-        "--threads", o.threads_per_worker,
-        "intra-op threads of every worker (default: the job's train.intra_op_threads)");
+    app().add_option("--threads", o.threads_per_worker,
+                     "LibTorch and OpenBLAS threads of every process of the job: sets "
+                     "train.intra_op_threads (default: the job's)");
   }
 
   int Run() override {

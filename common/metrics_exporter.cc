@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/net_util.h"
 #include "common/process_memory.h"
+#include "glog/logging.h"
 
 namespace flashdraft {
 namespace {
@@ -232,8 +233,16 @@ absl::StatusOr<int> MetricsExporter::Serve(const std::string& listen, const std:
   {
     ProbeRegistry& probes = Probes();
     absl::MutexLock lock(&probes.mu);
-    // Two exporters of one process on one port number (another address family): the first answers.
-    if (probes.by_port.emplace(ports.front(), &health_).second) probe_port_ = ports.front();
+    if (probe_port_ >= 0) probes.by_port.erase(probe_port_);  // served again
+    probe_port_ = -1;
+    // Two exporters of one process on one port number (another address family): the first
+    // answers the probes of both.
+    if (probes.by_port.emplace(ports.front(), &health_).second) {
+      probe_port_ = ports.front();
+    } else {
+      LOG(WARNING) << field << " " << listen << ": another /metrics of this process has port "
+                   << ports.front() << "; /healthz and /readyz there answer for that one";
+    }
   }
   return ports.front();
 }

@@ -126,6 +126,7 @@ TEST(NumericEnvTest, WithoutOpenBlasTheProbeSaysSoAndPinningIsRefused) {
   EXPECT_THAT(env.blas_env, ElementsAre("OPENBLAS_CORETYPE=Haswell", "OPENBLAS_L2_SIZE=512"));
   EXPECT_THAT(DescribeNumericEnv(env), HasSubstr("BLAS not OpenBLAS"));
   EXPECT_THAT(NumericEnvProbeLines(env), HasSubstr("\nblas_core: \n"));
+  EXPECT_FALSE(PinBlasThreads(2));
   EXPECT_TRUE(PinBlasKernel("", nullptr).ok());
   EXPECT_THAT(std::string(PinBlasKernel("Haswell", nullptr).message()),
               HasSubstr("train.blas_kernel is 'Haswell' but this process's BLAS is not OpenBLAS"));

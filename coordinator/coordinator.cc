@@ -229,10 +229,6 @@ absl::Status Coordinator::WireParts() {
   if (j.checkpoint.keep_best) d.export_best_dir = j.output_dir + "/drafter-best";
   d.min_feeders = j.cluster.min_feeders;
   d.join_timeout_seconds = j.cluster.join_timeout_seconds;
-  // A state waits for workers (join), for a step (a stalled or silent worker is lost, a collective
-  // gives up) and for what follows: longer than all of them together, it is stuck.
-  d.alive_for_seconds = j.cluster.join_timeout_seconds + j.cluster.stall_timeout_seconds +
-                        j.cluster.heartbeat_timeout_seconds + j.cluster.collective_timeout_seconds;
   if (j.cluster.min_feeders > 0) FD_RETURN_IF_ERROR(SetUpFeeders());
   driver_ = std::make_unique<StepDriver>(
       d, StepDriverParts{controller_.get(), pipeline_.get(), &board_, source_.get(),

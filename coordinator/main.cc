@@ -139,12 +139,12 @@ int main(int argc, char** argv) {
   if (absl::Status s = flashdraft::PinBlasKernel(job->train.blas_kernel, argv); !s.ok()) {
     return Fail(s);
   }
-  // The target's forward and the evaluations compute with the job's thread count, as the workers
-  // and the feeders do (train.intra_op_threads), not with this machine's core count.
-  flashdraft::PinComputeThreads(job->train.intra_op_threads);
   flashdraft::NumericEnv numerics = flashdraft::ProbeNumericEnv(
       flashdraft::CudaDeviceCount() > 0 ? flashdraft::CudaDeviceName(0) : "",
       job->target.device == "cuda");
+  // The target's forward and the evaluations compute with the job's thread count, as the workers
+  // and the feeders do (train.intra_op_threads), not with this machine's core count.
+  flashdraft::PinComputeThreads(job->train.intra_op_threads);
   if (absl::Status s = InstallSignalPipe(); !s.ok()) return Fail(s);
   absl::StatusOr<int64_t> estimate = CheckMemory(*job);
   if (!estimate.ok()) return Fail(estimate.status());

@@ -35,7 +35,6 @@ absl::Status StepDriver::Run() {
         p_.replies != nullptr && p_.feeders != nullptr ? State::kRegenerate : State::kAwaitWorkers;
   }
   while (state != State::kFinish) {
-    p_.metrics->health().Alive(options_.alive_for_seconds, "the step driver");
     switch (state) {
       case State::kRegenerate:
         state = Regenerate();
@@ -59,7 +58,6 @@ absl::Status StepDriver::Run() {
         break;
     }
   }
-  p_.metrics->health().Alive(HealthState::kForever, "the step driver");  // finishing
   return Finish();
 }
 
@@ -87,10 +85,7 @@ StepDriver::State StepDriver::Regenerate() {
         return replies.Complete(static_cast<int64_t>(answer.line()), std::move(ids),
                                 std::move(mask));
       },
-      [this, &progress](size_t accepted) {
-        progress.Update(static_cast<double>(accepted));
-        p_.metrics->health().Alive(options_.alive_for_seconds, "the step driver");
-      });
+      [&progress](size_t accepted) { progress.Update(static_cast<double>(accepted)); });
   if (absl::IsDeadlineExceeded(result_)) {
     result_ = absl::DeadlineExceededError(
         absl::StrCat(result_.message(), " (cluster.join_timeout_seconds)"));

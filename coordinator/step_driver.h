@@ -16,7 +16,6 @@
 #pragma once
 
 #include <cstdint>
-#include <limits>
 #include <optional>
 #include <string>
 
@@ -52,9 +51,6 @@ struct StepDriverOptions {
   // With feeders (parts.feeders): how many the first epoch waits for, and how long.
   int min_feeders = 0;
   double join_timeout_seconds = 600;
-  // /healthz: how long one state of the driver may last before it counts as stuck (the sum of the
-  // job's longest waits; coordinator.cc). A regeneration reports at every line instead.
-  double alive_for_seconds = std::numeric_limits<double>::infinity();
 };
 
 // What the driver works with; all outlive it.

@@ -16,7 +16,8 @@ NumericEnv ProbeNumericEnv(const std::string& gpu = "", bool on_gpu = false);
 // The job's thread count (train.intra_op_threads) for everything this process computes: LibTorch's
 // intra-op threads and OpenBLAS's. Some CPU reductions and products split their sums by thread
 // count, so each process of a job sets both to the job's value rather than to its machine's (or
-// its container's) core count.
+// its container's) core count. Call it before the process's computing threads start: OpenBLAS's
+// count is not meant to change under a BLAS call in flight.
 void PinComputeThreads(int threads);
 
 }  // namespace flashdraft

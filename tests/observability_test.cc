@@ -200,7 +200,7 @@ TEST(HealthTest, ProbesFollowAWorkerFromItsJoinToAStall) {
   const std::string job =
       WriteJob(dir, "health", 100000,
                "metrics: {enabled: true, listen: '127.0.0.1:0'}\ncluster: {stall_timeout_seconds: "
-               "3}\n");
+               "5}\n");
   ASSERT_FALSE(job.empty());
   CoordinatorProcess coordinator(kBin, job, dir.Join("coordinator.log"));
   ASSERT_GT(coordinator.port(), 0) << *ReadFile(dir.Join("coordinator.log"));
@@ -231,7 +231,7 @@ TEST(HealthTest, ProbesFollowAWorkerFromItsJoinToAStall) {
   EXPECT_THAT(stuck.body,
               HasSubstr("the training thread has made no progress in forward of step 6 for "))
       << *ReadFile(dir.Join("worker.log"));
-  EXPECT_THAT(stuck.body, HasSubstr("(cluster.stall_timeout_seconds: 3)"));
+  EXPECT_THAT(stuck.body, HasSubstr("(cluster.stall_timeout_seconds: 5)"));
   EXPECT_EQ(coordinator_live.body, "ok\n");
 }
 

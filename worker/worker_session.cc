@@ -508,6 +508,9 @@ absl::Status WorkerSession::Run(CoordinatorLink& link) {
     m.set_error(std::string(result.message()));
     Write(m);
   }
+  // Live while the session winds down (an upload may still be writing): no heartbeat thread
+  // watches.
+  if (hooks_.metrics) hooks_.metrics->health().Alive(HealthState::kForever, "the session's end");
   stop_heartbeats_.Notify();
   heartbeat_.join();
   if (!result.ok()) link.Cancel();
