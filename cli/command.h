@@ -54,6 +54,7 @@ void AddPrepareCommand(CLI::App& app, Commands& out);         // prepare
 void AddEvalCommand(CLI::App& app, Commands& out);            // eval
 void AddReportCommand(CLI::App& app, Commands& out);          // report
 void AddStatusCommand(CLI::App& app, Commands& out);          // status
+void AddProbeCommand(CLI::App& app, Commands& out);           // probe
 void AddExportCommand(CLI::App& app, Commands& out);          // export
 void AddVersionCommand(CLI::App& app, Commands& out);         // version
 

@@ -16,8 +16,8 @@ int main(int argc, char** argv) {
         flashdraft::AddLaunchCommand, flashdraft::AddRunRankCommand,
         flashdraft::AddMakeShardsCommand, flashdraft::AddMakeTinyTargetCommand,
         flashdraft::AddMakeTargetCommand, flashdraft::AddPrepareCommand, flashdraft::AddEvalCommand,
-        flashdraft::AddReportCommand, flashdraft::AddStatusCommand, flashdraft::AddExportCommand,
-        flashdraft::AddVersionCommand}) {
+        flashdraft::AddReportCommand, flashdraft::AddStatusCommand, flashdraft::AddProbeCommand,
+        flashdraft::AddExportCommand, flashdraft::AddVersionCommand}) {
     add(app, commands);
   }
   CLI11_PARSE(app, argc, argv);

@@ -1,6 +1,9 @@
 // The flashdraft binary as a user runs it: exit codes and error messages for bad input.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -65,6 +68,37 @@ TEST(CliTest, UsageErrorsExitNonZero) {
   EXPECT_NE(RunCommand(kBinary).exit_code, 0);
   EXPECT_NE(RunCommand(kBinary + " frobnicate").exit_code, 0);
   EXPECT_NE(RunCommand(kBinary + " config check").exit_code, 0);
+}
+
+// `flashdraft probe` refuses what it cannot probe, naming it, and fails where nothing answers
+// (its answers from a live process: HealthTest in observability_test.cc).
+TEST(CliTest, ProbeNamesWhatItCannotProbe) {
+  flashdraft::testing::TempDir dir;
+  ASSERT_TRUE(flashdraft::WriteFileAtomically(dir.Join("garbage.port"), "http\n").ok());
+  // A port nothing answers on: bound here (no one else takes it), never listening.
+  const int bound = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(addr);
+  ASSERT_EQ(bind(bound, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(getsockname(bound, reinterpret_cast<sockaddr*>(&addr), &length), 0);
+  const int closed = ntohs(addr.sin_port);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "give one of --port and --port-file"},
+      {"--port 9 --port-file x", "give one of --port and --port-file"},
+      {"healthz --port 9", "path 'healthz' must start with /"},
+      {"--port-file " + dir.Join("missing.port"), "missing.port"},
+      {"--port-file " + dir.Join("garbage.port"), "'http' is not a port (1-65535)"},
+      {absl::StrCat("--port ", closed), absl::StrCat("nothing answers at 127.0.0.1:", closed)},
+  };
+  for (const auto& [args, error] : cases) {
+    const auto r = RunCommand(absl::StrCat(kBinary, " probe ", args, " 2>&1"));
+    EXPECT_EQ(r.exit_code, 1) << args << ": " << r.output;
+    EXPECT_THAT(r.output, HasSubstr(error)) << args;
+  }
+  EXPECT_NE(RunCommand(kBinary + " probe --port 0 2>&1").exit_code, 0);
+  close(bound);
 }
 
 // Fine-tuning: a checkpoint exported in the HF layout (BF16) seeds a new job

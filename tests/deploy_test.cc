@@ -921,12 +921,33 @@ TEST(DeployTest, ContainerImagesTrainAJobOnAPodmanNetwork) {
                                              to_coordinator, "localhost/flashdraft-worker:test"));
     ASSERT_EQ(started.exit_code, 0) << started.output;
   }
-  // While it trains: healthy by its HEALTHCHECK (flashdraft status), not root.
+  // While it trains: healthy by their HEALTHCHECKs (the coordinator's `flashdraft status`, the
+  // worker's and the feeder's `flashdraft probe` of their own /healthz), not root.
   for (int i = 0; i < 600 && ReadSteps(root + "/out/steps.jsonl").empty(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  EXPECT_EQ(podman.Run("healthcheck run fdc" + id).exit_code, 0)
-      << podman.Run("logs fdc" + id).output;
+  // All at once: the job lasts seconds. On a failure, the answers the HEALTHCHECKs logged.
+  const std::vector<std::string> checked = {"fdc" + id, "fdw1-" + id, "fdf" + id};
+  const std::string podman_command = absl::StrCat("env ", podman.Env(), " podman ");
+  std::string checks;
+  for (const std::string& name : checked) {
+    absl::StrAppend(&checks, "(", podman_command, "healthcheck run ", name,
+                    " >/dev/null 2>&1; echo ", name, " $?) & ");
+  }
+  // The probe itself, as the worker's HEALTHCHECK runs it: it answers from the worker's own port.
+  absl::StrAppend(&checks, "(", podman_command, "exec fdw1-", id,
+                  " flashdraft probe --port-file /tmp/flashdraft-metrics.port 2>&1 | sed "
+                  "'s/^/probe /') & wait");
+  const std::string answers = RunCommand(checks).output;
+  std::string health_logs;
+  for (const std::string& name : checked) {
+    absl::StrAppend(&health_logs, name, ": ",
+                    podman.Run("inspect --format '{{json .State.Health}}' " + name).output);
+  }
+  for (const std::string& name : checked) {
+    EXPECT_THAT(answers, HasSubstr(name + " 0\n")) << answers << health_logs;
+  }
+  EXPECT_THAT(answers, HasSubstr("probe ok\n")) << answers;
   EXPECT_EQ(podman.Run("exec fdc" + id + " id -u").output, "10001\n");
   auto waited = podman.Run(absl::StrCat("wait fdc", id, " fdf", id, " fdw1-", id, " fdw2-", id));
   const std::string logs = podman.Run("logs fdc" + id).output;

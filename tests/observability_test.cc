@@ -221,6 +221,9 @@ TEST(HealthTest, ProbesFollowAWorkerFromItsJoinToAStall) {
       worker_port > 0 ? AwaitProbe(worker_port, "/healthz", 200, 10) : testing::HttpResponse{};
   const testing::HttpResponse stuck =
       worker_port > 0 ? AwaitProbe(worker_port, "/healthz", 503, 60) : testing::HttpResponse{};
+  // `flashdraft probe` (the container HEALTHCHECK) says the same, by its exit code.
+  const auto probe_stuck = RunCommand(
+      absl::StrCat(kBin, "/flashdraft probe --port-file ", dir.Join("worker.port"), " 2>&1"));
   const testing::HttpResponse coordinator_live = AwaitProbe(metrics_port, "/healthz", 200, 10);
   kill(worker, SIGKILL);
   waitpid(worker, nullptr, 0);
@@ -233,6 +236,13 @@ TEST(HealthTest, ProbesFollowAWorkerFromItsJoinToAStall) {
       << *ReadFile(dir.Join("worker.log"));
   EXPECT_THAT(stuck.body, HasSubstr("(cluster.stall_timeout_seconds: 5)"));
   EXPECT_EQ(coordinator_live.body, "ok\n");
+  EXPECT_EQ(probe_stuck.exit_code, 1) << probe_stuck.output;
+  EXPECT_THAT(probe_stuck.output, HasSubstr("/healthz answered 503: the training thread has made "
+                                            "no progress in forward of step 6"));
+  const auto probe_ready =
+      RunCommand(absl::StrCat(kBin, "/flashdraft probe /readyz --port ", metrics_port));
+  EXPECT_EQ(probe_ready.exit_code, 0);
+  EXPECT_EQ(probe_ready.output, absl::StrCat("ok: serving on port ", coordinator.port(), "\n"));
 }
 
 // The job's file_sd target file follows membership: each worker is listed (with the port it wrote
