@@ -67,6 +67,13 @@ TEST(KubernetesTest, TheValidatorRefusesWhatTheApiServerWould) {
        "'\"livenessprobe\"' does not exist in type 'IContainer'"},
       {pod + "    - {image: i}\n", "must have required property name"},
       {"apiVersion: v1\nkind: Widget\nmetadata: {name: w}\n", "unknown kind Widget of v1"},
+      {"apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: j}\nspec:\n"
+       "  runPolicy: {backoffLimits: 3}\n",
+       "/spec/runPolicy/backoffLimits: not in kubeflow.org/v1"},
+      {"apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: j}\nspec:\n"
+       "  pytorchReplicaSpecs:\n    Master:\n      restartPolicy: OnFailure\n      template:\n"
+       "        spec: {containers: [{name: pytorch, image: i, args: 3}]}\n",
+       "PodTemplate/j Master in"},
   };
   for (const auto& [yaml, expected] : cases) {
     ASSERT_TRUE(WriteFileAtomically(dir.Join("object.yaml"), yaml).ok());
@@ -204,9 +211,11 @@ int NamedPort(const YAML::Node& container, const std::string& name) {
   return -1;
 }
 
-// Probes and scrape annotations reach the metrics port the process serves on (`serves`).
-void ExpectProbedOn(const YAML::Node& pod_template, const YAML::Node& container, int serves) {
-  EXPECT_EQ(NamedPort(container, "metrics"), serves) << container["name"];
+// Probes and scrape annotations reach the metrics port the process serves on (`serves`), the
+// container's port named `port`.
+void ExpectProbedOn(const YAML::Node& pod_template, const YAML::Node& container,
+                    const std::string& port, int serves) {
+  EXPECT_EQ(NamedPort(container, port), serves) << container["name"];
   EXPECT_EQ(pod_template["metadata"]["annotations"]["prometheus.io/port"].as<std::string>(),
             std::to_string(serves));
   const std::map<std::string, std::string> probes = {
@@ -215,18 +224,23 @@ void ExpectProbedOn(const YAML::Node& pod_template, const YAML::Node& container,
     const YAML::Node get = container[probe]["httpGet"];
     ASSERT_TRUE(get) << container["name"] << " has no " << probe;
     EXPECT_EQ(get["path"].as<std::string>(), path) << probe;
-    EXPECT_EQ(get["port"].as<std::string>(), "metrics") << probe;
+    EXPECT_EQ(get["port"].as<std::string>(), port) << probe;
   }
+}
+
+// Why the manifests cannot be rendered and validated here ("" when they can).
+std::string RenderUnavailable() {
+  if (RunCommand("kubectl version --client >/dev/null 2>&1").exit_code != 0) {
+    return "needs kubectl (its kustomize renders the manifests; Debian's kubectl or "
+           "kubernetes-client >= 1.21)";
+  }
+  return ValidatorUnavailable();
 }
 
 class KubernetesOverlayTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (RunCommand("kubectl version --client >/dev/null 2>&1").exit_code != 0) {
-      GTEST_SKIP() << "needs kubectl (its kustomize renders the overlays; Debian's kubectl or "
-                      "kubernetes-client >= 1.21)";
-    }
-    SKIP_WITHOUT_VALIDATOR();
+    if (const std::string why = RenderUnavailable(); !why.empty()) GTEST_SKIP() << why;
     const std::string overlay = kSource + "/deploy/kubernetes/overlays/" + GetParam();
     const auto rendered = RunCommand("kubectl kustomize " + overlay + " 2>&1");
     ASSERT_EQ(rendered.exit_code, 0) << rendered.output;
@@ -311,10 +325,11 @@ TEST_P(KubernetesOverlayTest, ThePodsRunWhatTheBinariesAndTheJobFileSay) {
   EXPECT_EQ(service["spec"]["selector"]["app.kubernetes.io/name"].as<std::string>(),
             coordinator_pod["metadata"]["labels"]["app.kubernetes.io/name"].as<std::string>());
   // Probes and Prometheus on the ports the processes serve /metrics, /healthz and /readyz on.
-  ExpectProbedOn(coordinator_pod, coordinator, PortOf(job_["metrics"]["listen"].as<std::string>()));
+  ExpectProbedOn(coordinator_pod, coordinator, "metrics",
+                 PortOf(job_["metrics"]["listen"].as<std::string>()));
   const int worker_metrics = PortOf(ArgAfter(worker, "--metrics-listen"));
   EXPECT_EQ(worker_metrics, PortOf(job_["metrics"]["worker_listen"].as<std::string>()));
-  ExpectProbedOn(worker_pod, worker, worker_metrics);
+  ExpectProbedOn(worker_pod, worker, "metrics", worker_metrics);
   EXPECT_EQ(rendered_.Get("PodMonitor/flashdraft")["spec"]["podMetricsEndpoints"][0]["port"]
                 .as<std::string>(),
             "metrics");
@@ -364,6 +379,54 @@ TEST_P(KubernetesOverlayTest, ThePodsAskForWhatTheJobNeeds) {
               device.at(process) == "cuda" ? "1" : "0")
         << process;
   }
+}
+
+// The PyTorchJob (deploy/kubernetes/pytorchjob): its own fields and both pod templates validate,
+// each pod runs `flashdraft run-rank` on the job file it mounts, the job file passes `config
+// check`, and the probes reach the coordinator's port in the Master and the worker's in a Worker.
+TEST(KubernetesTest, ThePyTorchJobRunsRunRankOnTheJobItMounts) {
+  if (const std::string why = RenderUnavailable(); !why.empty()) GTEST_SKIP() << why;
+  testing::TempDir dir;
+  const auto rendered =
+      RunCommand("kubectl kustomize " + kSource + "/deploy/kubernetes/pytorchjob 2>&1");
+  ASSERT_EQ(rendered.exit_code, 0) << rendered.output;
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("rendered.yaml"), rendered.output).ok());
+  const auto validated = Validate(dir.Join("rendered.yaml"));
+  EXPECT_EQ(validated.exit_code, 0) << validated.output;
+  EXPECT_THAT(validated.output, HasSubstr("5 of 5 object(s) valid"));
+  const Rendered objects = Parse(rendered.output);
+  const YAML::Node job_data = objects.Get("ConfigMap/flashdraft-job")["data"];
+  ASSERT_TRUE(
+      WriteFileAtomically(dir.Join("job.yaml"), job_data["job.yaml"].as<std::string>()).ok());
+  const auto check =
+      RunCommand(kBin + "/flashdraft config check " + dir.Join("job.yaml") + " 2>&1");
+  ASSERT_EQ(check.exit_code, 0) << check.output;
+  const YAML::Node job = YAML::Load(job_data["job.yaml"].as<std::string>());
+  EXPECT_EQ(RunCommand(kBin + "/flashdraft run-rank --help >/dev/null 2>&1").exit_code, 0);
+  const YAML::Node replicas = objects.Get("PyTorchJob/flashdraft")["spec"]["pytorchReplicaSpecs"];
+  for (const char* type : {"Master", "Worker"}) {
+    const YAML::Node pod = replicas[type]["template"];
+    const YAML::Node container = pod["spec"]["containers"][0];
+    ASSERT_EQ(container["command"].size(), 3u) << type;
+    EXPECT_EQ(container["command"][0].as<std::string>(), "flashdraft") << type;
+    EXPECT_EQ(container["command"][1].as<std::string>(), "run-rank") << type;
+    const auto mounts = Mounts(pod["spec"], container);
+    ExpectMounted(mounts, container["command"][2].as<std::string>(), job_data, "run-rank's job");
+    const bool master = std::string(type) == "Master";
+    std::vector<std::string> files = {"client_cert", "client_key", "tls_ca", "token_file"};
+    if (master) files.insert(files.end(), {"tls_cert", "tls_key"});
+    for (const std::string& field : files) {
+      ExpectMounted(mounts, job["security"][field].as<std::string>(), job_data, field);
+    }
+    ExpectProbedOn(pod, container, master ? "metrics" : "worker-metrics",
+                   PortOf(job["metrics"][master ? "listen" : "worker_listen"].as<std::string>()));
+  }
+  const YAML::Node master = replicas["Master"]["template"]["spec"]["containers"][0];
+  EXPECT_EQ(NamedPort(master, "grpc"), PortOf(job["cluster"]["listen"].as<std::string>()));
+  EXPECT_EQ(NamedPort(master, "worker-metrics"),
+            PortOf(job["metrics"]["worker_listen"].as<std::string>()));
+  ExpectMounted(Mounts(replicas["Master"]["template"]["spec"], master),
+                job["output_dir"].as<std::string>() + "/checkpoints", job_data, "output_dir");
 }
 
 INSTANTIATE_TEST_SUITE_P(Overlays, KubernetesOverlayTest, ::testing::Values("cpu", "gpu"),

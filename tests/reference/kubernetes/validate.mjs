@@ -6,6 +6,7 @@
 //     fields, so each object is also type-checked by TypeScript against the models' interface of
 //     its kind, whose excess-property check names a field the kind does not have (the first of
 //     each object: fix it and run again).
+// A PyTorchJob (Kubeflow) is checked as pytorchJobParts says.
 // Usage: node validate.mjs FILE...  (YAML streams). One line per object; exit 1 on any error.
 import fs from "node:fs";
 import path from "node:path";
@@ -40,10 +41,55 @@ function readObjects(files) {
     for (const doc of YAML.parseAllDocuments(fs.readFileSync(file, "utf8"))) {
       if (doc.errors.length > 0) throw new Error(`${file}: ${doc.errors[0].message}`);
       const object = doc.toJS();
-      if (object !== null) objects.push({ file, object });
+      if (object === null) continue;
+      if (object.apiVersion === "kubeflow.org/v1" && object.kind === "PyTorchJob") {
+        objects.push(...pytorchJobParts(file, object));
+      } else {
+        objects.push({ file, object });
+      }
     }
   }
   return objects;
+}
+
+// Kubeflow's PyTorchJob: its CRD's schema is on no registry this project uses. Its fields are
+// checked against the training operator's kubeflow.org/v1 API here, and each replica's pod
+// template, a core PodTemplateSpec, is validated as a PodTemplate object.
+const kPyTorchJobFields = {
+  "": ["apiVersion", "kind", "metadata", "spec"],
+  spec: ["runPolicy", "pytorchReplicaSpecs", "elasticPolicy", "nprocPerNode"],
+  runPolicy: ["cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit",
+              "schedulingPolicy", "suspend", "managedBy"],
+  replica: ["replicas", "template", "restartPolicy"],
+};
+
+function pytorchJobParts(file, job) {
+  const name = job.metadata?.name ?? "?";
+  const unknown = [];
+  const expect = (object, fields, where) => {
+    for (const key of Object.keys(object ?? {})) {
+      if (!fields.includes(key)) unknown.push(`${where}${key}`);
+    }
+  };
+  expect(job, kPyTorchJobFields[""], "/");
+  expect(job.spec, kPyTorchJobFields.spec, "/spec/");
+  expect(job.spec?.runPolicy, kPyTorchJobFields.runPolicy, "/spec/runPolicy/");
+  const parts = [];
+  for (const [type, replica] of Object.entries(job.spec?.pytorchReplicaSpecs ?? {})) {
+    const where = `/spec/pytorchReplicaSpecs/${type}/`;
+    if (!["Master", "Worker"].includes(type)) unknown.push(`/spec/pytorchReplicaSpecs/${type}`);
+    expect(replica, kPyTorchJobFields.replica, where);
+    if (!["Always", "OnFailure", "Never", "ExitCode"].includes(replica.restartPolicy)) {
+      unknown.push(`${where}restartPolicy ${replica.restartPolicy}`);
+    }
+    if (!replica.template?.spec?.containers?.some((c) => c.name === "pytorch")) {
+      unknown.push(`${where}template has no container named pytorch`);
+    }
+    const template = { apiVersion: "v1", kind: "PodTemplate", template: replica.template };
+    parts.push({ file, object: { ...template, metadata: { name: `${name} ${type}` } } });
+  }
+  const envelope = { file, object: { kind: "PyTorchJob", metadata: job.metadata }, unknown };
+  return [envelope, ...parts];
 }
 
 function describe({ object }) {
@@ -55,6 +101,10 @@ function describe({ object }) {
 function checkSchemas(objects, errors) {
   const typed = [];
   objects.forEach((entry, i) => {
+    if (entry.unknown !== undefined) {  // a PyTorchJob's own fields
+      errors[i].push(...entry.unknown.map((field) => `${field}: not in kubeflow.org/v1`));
+      return;
+    }
     const { apiVersion, kind } = entry.object ?? {};
     if (typeof apiVersion !== "string" || typeof kind !== "string") {
       errors[i].push("no apiVersion or kind");
@@ -139,7 +189,7 @@ function main(files) {
   let failed = 0;
   objects.forEach((entry, i) => {
     if (errors[i].length === 0) {
-      console.log(`valid: ${describe(entry)} (${entry.object.apiVersion})`);
+      console.log(`valid: ${describe(entry)} (${entry.object.apiVersion ?? "kubeflow.org/v1"})`);
       return;
     }
     ++failed;
