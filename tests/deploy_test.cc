@@ -121,6 +121,7 @@ TEST(DeployTest, TheUnitsCommandLinesTrainASecuredJob) {
   TempDir dir;
   const std::string root = dir.path();
   std::filesystem::create_directories(root + "/run/flashdraft-demo");
+  std::filesystem::create_directories(root + "/run/flashdraft-worker-gpu0");
   WriteSecuredJob(root, root + "/etc/demo.yaml", root + "/etc/pki", 4);
   const std::vector<std::string> coordinator_argv = ExecStart(
       "flashdraft-coordinator@.service", "demo", {{"FLASHDRAFT_COORDINATOR_ARGS", ""}}, root);
@@ -147,6 +148,8 @@ TEST(DeployTest, TheUnitsCommandLinesTrainASecuredJob) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << *ReadFile(root + "/worker.log");
   EXPECT_EQ(ReadSteps(root + "/out/steps.jsonl").size(), 4u);
   EXPECT_THAT(*ReadFile(root + "/coordinator.log"), HasSubstr("worker 'testhost-gpu0'"));
+  // The worker's metrics port where `flashdraft probe --port-file` finds it (docs/DEPLOY.md).
+  EXPECT_GT(WaitForPortFile(root + "/run/flashdraft-worker-gpu0/metrics.port", 1), 0);
 }
 
 // A one-node Slurm cluster on loopback in a scratch directory: slurmctld and slurmd as root, no
