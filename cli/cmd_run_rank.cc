@@ -19,6 +19,12 @@ class RunRankCommand : public Command {
     app().add_option("job", o.job_path, "YAML job file (the same on every node)")->required();
     app().add_option("--out", o.out_dir, "output directory (overrides output_dir)");
     app().add_option("--set", o.overrides, "override a field: section.field=value");
+    app()
+        .add_option("--stopped-exit-code", o.stopped_exit_code,
+                    "exit with this when SIGTERM stopped this rank before the job's end (a "
+                    "launcher then starts it again; PyTorchJob's ExitCode policy: 143)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 255));
   }
 
   int Run() override { return RunRank(options_); }

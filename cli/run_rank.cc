@@ -81,7 +81,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> OpenStore(const TorchrunEnv& env
 // Rank 0: the coordinator, its address in the store, then this rank's worker, supervised until
 // the job ends.
 int RunRankZero(const JobConfig& job, const TorchrunEnv& env, c10d::Store& store,
-                const std::vector<std::string>& security) {
+                const std::vector<std::string>& security, int stopped_exit_code) {
   absl::StatusOr<std::string> job_file = PrepareOutputDir(job);
   if (!job_file.ok()) return Fail(job_file.status());
   absl::StatusOr<Binaries> binaries = FindBinaries(job);
@@ -97,7 +97,8 @@ int RunRankZero(const JobConfig& job, const TorchrunEnv& env, c10d::Store& store
   std::error_code ec;
   std::filesystem::remove(port_file, ec);
   if (!supervisor
-           .StartCoordinator({binaries->coordinator, "--job", *job_file, "--port-file", port_file})
+           .StartCoordinator({binaries->coordinator, "--job", *job_file, "--port-file", port_file,
+                              "--stopped-exit-code", absl::StrCat(stopped_exit_code)})
            .ok()) {
     return Fail(absl::InternalError("cannot start the coordinator"));
   }
@@ -122,7 +123,11 @@ int RunRankZero(const JobConfig& job, const TorchrunEnv& env, c10d::Store& store
     supervisor.Run();
     return Fail(absl::InternalError("cannot start the worker"));
   }
-  return supervisor.Run().ExitCode();
+  const JobOutcome outcome = supervisor.Run();
+  if (stopped_exit_code != 0 && outcome.coordinator_exit_code == stopped_exit_code) {
+    return stopped_exit_code;
+  }
+  return outcome.ExitCode();
 }
 
 // Any other rank: the coordinator's address of this attempt from the store, then this process
@@ -165,11 +170,15 @@ int RunRank(const RunRankOptions& o) {
   if (!job.ok()) return Fail(job.status());
   absl::StatusOr<std::vector<std::string>> security = WorkerSecurityArgs(*job, o.job_path);
   if (!security.ok()) return Fail(security.status());
+  if (o.stopped_exit_code != 0) {  // the worker's own flag, passed on with its others
+    security->insert(security->end(),
+                     {"--stopped-exit-code", absl::StrCat(o.stopped_exit_code)});
+  }
   if (absl::Status s = PinChildrenBlasKernel(job->train.blas_kernel); !s.ok()) return Fail(s);
   absl::StatusOr<c10::intrusive_ptr<c10d::Store>> store =
       OpenStore(*env, job->cluster.join_timeout_seconds);
   if (!store.ok()) return Fail(store.status());
-  return env->rank == 0 ? RunRankZero(*job, *env, **store, *security)
+  return env->rank == 0 ? RunRankZero(*job, *env, **store, *security, o.stopped_exit_code)
                         : RunOtherRank(*job, *env, std::move(*store), *security);
 }
 

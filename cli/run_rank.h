@@ -16,6 +16,9 @@ struct RunRankOptions {
   std::string job_path;
   std::string out_dir;  // overrides the job's output_dir
   std::vector<std::string> overrides;
+  // Non-zero: the coordinator and the worker exit with it when a SIGTERM stopped them before the
+  // job's end, and so does this rank (a launcher that restarts on it: PyTorchJob's ExitCode).
+  int stopped_exit_code = 0;
 };
 
 // The process's exit code: rank 0's is the job's; another rank's process becomes its worker.

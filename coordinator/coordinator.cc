@@ -278,6 +278,8 @@ void Coordinator::Abort(absl::Status reason) {
   controller_->Abort(std::move(reason));
 }
 
+bool Coordinator::stopped_early() const { return driver_->stopped_early(); }
+
 void Coordinator::RequestStop(const std::string& why) {
   controller_->RequestStop(why);
   // A wait for feeders ends too (as a wait for workers does: the job is paused, nothing to commit).

@@ -86,6 +86,8 @@ class Coordinator {
   // A graceful stop (SIGTERM): the step in flight commits, a checkpoint of it is written, the
   // workers are shut down and Run() returns OK; before the first epoch, Run() returns CANCELLED.
   void RequestStop(const std::string& why);
+  // After Run() returned OK: whether RequestStop() ended it before the job's last step.
+  bool stopped_early() const;
 
  private:
   Coordinator() = default;

@@ -32,9 +32,11 @@ extern "C" void OnSignal(int sig) {
   [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &c, 1);  // async-signal-safe
 }
 
+// Exit 2: the job (its file, an override, its checkpoints) is refused, which starting again will
+// not change (a Kubernetes podFailurePolicy fails the job on it); 1: any other failure.
 int Fail(const absl::Status& s) {
   std::cerr << "flashdraft-coordinator: error: " << s.message() << "\n";
-  return 1;
+  return absl::IsInvalidArgument(s) || absl::IsFailedPrecondition(s) ? 2 : 1;
 }
 
 // SIGINT/SIGTERM end the job cleanly. Libraries start threads before main (LibTorch's and
@@ -128,9 +130,15 @@ int main(int argc, char** argv) {
   CLI::App app{"flashdraft coordinator: data, schedule, membership, rendezvous"};
   std::string job_path, port_file;
   std::vector<std::string> overrides;
+  int stopped_exit_code = 0;
   app.add_option("--job", job_path, "YAML job file")->required();
   app.add_option("--set", overrides, "override a field: section.field=value (repeatable)");
   app.add_option("--port-file", port_file, "write the bound port here once listening");
+  app.add_option("--stopped-exit-code", stopped_exit_code,
+                 "exit with this when SIGTERM/SIGINT stopped the job before its last step (after "
+                 "the checkpoint), so that a scheduler starts it again (Kubernetes: 143)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 255));
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<flashdraft::JobConfig> job = flashdraft::LoadJobConfig(job_path);
   if (!job.ok()) return Fail(job.status());
@@ -154,6 +162,11 @@ int main(int argc, char** argv) {
   absl::Status result = (*coordinator)->Run();
   LOG(INFO) << "peak memory: " << flashdraft::PeakResidentBytes() / (1 << 20) << " MiB"
             << (*estimate > 0 ? absl::StrCat(" (expected ", *estimate / (1 << 20), " MiB)") : "");
+  if (stopped_exit_code != 0 && (absl::IsCancelled(result) ||
+                                 (result.ok() && (*coordinator)->stopped_early()))) {
+    LOG(INFO) << "stopped before the job's end: exit " << stopped_exit_code;
+    return stopped_exit_code;
+  }
   if (!result.ok()) return Fail(result);
   return 0;
 }

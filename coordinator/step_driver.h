@@ -86,6 +86,8 @@ class StepDriver {
   StepDriver(StepDriverOptions options, StepDriverParts parts);
   // Trains from start_step to total_steps (or a graceful stop); the job's result.
   absl::Status Run();
+  // After Run() returned OK: whether a graceful stop ended it before the job's last step.
+  bool stopped_early() const { return !stopped_.empty(); }
 
  private:
   State Regenerate();

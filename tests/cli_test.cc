@@ -5,7 +5,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
@@ -99,6 +103,77 @@ TEST(CliTest, ProbeNamesWhatItCannotProbe) {
   }
   EXPECT_NE(RunCommand(kBinary + " probe --port 0 2>&1").exit_code, 0);
   close(bound);
+  const auto spaced = RunCommand(kBinary + " probe '/healthz x' --port 9 2>&1");
+  EXPECT_EQ(spaced.exit_code, 1);
+  EXPECT_THAT(spaced.output, HasSubstr("has a space or a control character"));
+}
+
+// A server on loopback that reads each connection's request and answers it with `answer`, `chunk`
+// bytes at a time, `pause` apart, until the test ends.
+class TrickleServer {
+ public:
+  TrickleServer(std::string answer, size_t chunk, std::chrono::milliseconds pause)
+      : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(addr);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(listen(fd_, 4), 0);
+    EXPECT_EQ(getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &length), 0);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this, answer, chunk, pause] {
+      for (int client; (client = accept(fd_, nullptr, nullptr)) >= 0; close(client)) {
+        // The request first: closing a socket with unread input resets the connection.
+        std::string request;
+        char buffer[1024];
+        for (ssize_t n; request.find("\r\n\r\n") == std::string::npos &&
+                        (n = recv(client, buffer, sizeof(buffer), 0)) > 0;) {
+          request.append(buffer, static_cast<size_t>(n));
+        }
+        for (size_t at = 0; at < answer.size() && !stop_; at += chunk) {
+          if (send(client, answer.data() + at, std::min(chunk, answer.size() - at), MSG_NOSIGNAL) <
+              0) {
+            break;
+          }
+          std::this_thread::sleep_for(pause);
+        }
+      }
+    });
+  }
+  ~TrickleServer() {
+    stop_ = true;
+    shutdown(fd_, SHUT_RDWR);
+    close(fd_);
+    thread_.join();
+  }
+  int port() const { return port_; }
+
+ private:
+  int fd_;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// --timeout bounds the whole probe (a peer that answers a byte at a time does not hold it), and an
+// answer too long for a flashdraft process is refused, not cut.
+TEST(CliTest, ProbeKeepsItsDeadlineAndRefusesOversizedAnswers) {
+  const std::string ok = "HTTP/1.0 200 OK\r\n\r\nok\n";
+  TrickleServer slow(ok + std::string(64, ' '), 1, std::chrono::milliseconds(200));
+  // The whole answer takes 16 s, each byte 0.2 s: only a deadline on the whole probe times out.
+  const auto timed_out =
+      RunCommand(absl::StrCat(kBinary, " probe --timeout 1 --port ", slow.port(), " 2>&1"));
+  EXPECT_EQ(timed_out.exit_code, 1) << timed_out.output;
+  EXPECT_THAT(timed_out.output, HasSubstr("Connection timed out"));
+  TrickleServer large(ok + std::string(100 << 10, 'x'), 16 << 10, std::chrono::milliseconds(0));
+  const auto oversized = RunCommand(absl::StrCat(kBinary, " probe --port ", large.port(), " 2>&1"));
+  EXPECT_EQ(oversized.exit_code, 1) << oversized.output.substr(0, 200);
+  EXPECT_THAT(oversized.output, HasSubstr("answered more than 65536 bytes"));
+  TrickleServer plain(ok, 4, std::chrono::milliseconds(0));
+  const auto answered = RunCommand(absl::StrCat(kBinary, " probe --port ", plain.port(), " 2>&1"));
+  EXPECT_EQ(answered.exit_code, 0) << answered.output;
+  EXPECT_EQ(answered.output, "ok\n");
 }
 
 // Fine-tuning: a checkpoint exported in the HF layout (BF16) seeds a new job

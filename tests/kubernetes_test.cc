@@ -7,13 +7,17 @@
 // memory request covers the process's expected peak.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <yaml-cpp/yaml.h>
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <regex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -150,10 +154,11 @@ std::map<std::string, YAML::Node> Mounts(const YAML::Node& pod, const YAML::Node
   return mounts;
 }
 
-// The file `path` is in one of the container's mounts: under a Secret's or ConfigMap's mount, as
-// one of the keys it projects (`keys`: the ConfigMap's data); under a volume's, anywhere.
+// The file `path` is in one of the container's mounts: under a Secret's mount, as one of the items
+// it projects; under a ConfigMap's, as a key of `config_map` (which the volume must name); under a
+// volume's, anywhere. Returns the volume.
 YAML::Node ExpectMounted(const std::map<std::string, YAML::Node>& mounts, const std::string& path,
-                         const YAML::Node& config_map_data, const std::string& what) {
+                         const YAML::Node& config_map, const std::string& what) {
   for (const auto& [mount, volume] : mounts) {
     if (!absl::StartsWith(path, mount + "/")) continue;
     const std::string rest = path.substr(mount.size() + 1);
@@ -163,7 +168,10 @@ YAML::Node ExpectMounted(const std::map<std::string, YAML::Node>& mounts, const 
         files.insert(item["path"].as<std::string>());
       }
     } else if (volume["configMap"]) {
-      for (const auto& kv : config_map_data) files.insert(kv.first.as<std::string>());
+      EXPECT_EQ(volume["configMap"]["name"].as<std::string>(),
+                config_map["metadata"]["name"].as<std::string>())
+          << what << ": the volume names another ConfigMap than the one rendered";
+      for (const auto& kv : config_map["data"]) files.insert(kv.first.as<std::string>());
     } else {
       return volume;  // a volume: whatever its owner put there
     }
@@ -174,33 +182,76 @@ YAML::Node ExpectMounted(const std::map<std::string, YAML::Node>& mounts, const 
   return YAML::Node();
 }
 
-// Each --flag the container passes is one its binary has; each $(VAR) one its env defines.
+// What the container runs: its command, then its args.
+std::vector<std::string> Argv(const YAML::Node& container) {
+  std::vector<std::string> argv;
+  for (const char* part : {"command", "args"}) {
+    for (const YAML::Node& a : container[part]) argv.push_back(a.as<std::string>());
+  }
+  return argv;
+}
+
+// Each --flag the container passes is one its binary (or `flashdraft` subcommand) has; each
+// $(VAR) one its env defines.
 void ExpectFlagsExist(const YAML::Node& container) {
-  const std::string binary = container["command"][0].as<std::string>();
-  const auto help = RunCommand(absl::StrCat(kBin, "/", binary, " --help 2>&1"));
-  ASSERT_EQ(help.exit_code, 0) << binary << ": " << help.output;
+  const std::vector<std::string> argv = Argv(container);
+  ASSERT_FALSE(argv.empty()) << container["name"] << " runs nothing";
+  std::string program = argv[0];
+  if (program == "flashdraft" && argv.size() > 1) absl::StrAppend(&program, " ", argv[1]);
+  const auto help = RunCommand(absl::StrCat(kBin, "/", program, " --help 2>&1"));
+  ASSERT_EQ(help.exit_code, 0) << program << ": " << help.output;
   std::set<std::string> env;
   for (const YAML::Node& e : container["env"]) env.insert(e["name"].as<std::string>());
   const std::regex reference(R"(\$\((\w+)\))");
-  for (const YAML::Node& a : container["args"]) {
-    const std::string arg = a.as<std::string>();
+  for (const std::string& arg : argv) {
     if (absl::StartsWith(arg, "--")) {
       EXPECT_THAT(help.output, HasSubstr(absl::StrCat("  ", arg, " ")))
-          << binary << " has no " << arg;
+          << program << " has no " << arg;
     }
     for (std::sregex_iterator it(arg.begin(), arg.end(), reference), end; it != end; ++it) {
-      EXPECT_TRUE(env.count((*it)[1].str())) << binary << ": $(" << (*it)[1] << ") is not in env";
+      EXPECT_TRUE(env.count((*it)[1].str())) << program << ": $(" << (*it)[1] << ") is not in env";
+    }
+  }
+  // What the downward API can give (an annotation or label by key, or one of the fields).
+  const std::regex field(
+      R"(metadata\.(name|namespace|uid|(annotations|labels)\['[\w./-]+'\])|spec\.(nodeName|serviceAccountName)|status\.(hostIP|podIP|podIPs))");
+  for (const YAML::Node& e : container["env"]) {
+    if (e["valueFrom"]["fieldRef"]) {
+      const std::string path = e["valueFrom"]["fieldRef"]["fieldPath"].as<std::string>();
+      EXPECT_TRUE(std::regex_match(path, field)) << "fieldRef " << path;
     }
   }
 }
 
-// The value following `flag` in the container's args ("" if absent).
+// The value following `flag` in what the container runs ("" if absent).
 std::string ArgAfter(const YAML::Node& container, const std::string& flag) {
-  const YAML::Node args = container["args"];
-  for (size_t i = 0; i + 1 < args.size(); ++i) {
-    if (args[i].as<std::string>() == flag) return args[i + 1].as<std::string>();
+  const std::vector<std::string> argv = Argv(container);
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == flag) return argv[i + 1];
   }
   return "";
+}
+
+// A Job's podFailurePolicy as the API server and the binaries take it: pods that never restart in
+// place (the policy needs it), rules about this container, the exit code of a SIGTERM stop (the
+// container's --stopped-exit-code) ignored, and 2 (a refused job) failing the Job.
+void ExpectFailurePolicyFits(const YAML::Node& job_spec, const YAML::Node& container) {
+  EXPECT_EQ(job_spec["template"]["spec"]["restartPolicy"].as<std::string>(), "Never");
+  const std::string stopped = ArgAfter(container, "--stopped-exit-code");
+  EXPECT_NE(stopped, "") << container["name"] << " exits 0 when stopped: its pod would succeed";
+  std::set<std::string> ignored, failing;
+  for (const YAML::Node& rule : job_spec["podFailurePolicy"]["rules"]) {
+    const YAML::Node codes = rule["onExitCodes"];
+    if (!codes) continue;
+    EXPECT_EQ(codes["containerName"].as<std::string>(), container["name"].as<std::string>());
+    EXPECT_EQ(codes["operator"].as<std::string>(), "In");
+    for (const YAML::Node& v : codes["values"]) {
+      (rule["action"].as<std::string>() == "Ignore" ? ignored : failing)
+          .insert(v.as<std::string>());
+    }
+  }
+  EXPECT_EQ(ignored, std::set<std::string>{stopped}) << container["name"];
+  EXPECT_EQ(failing, std::set<std::string>{"2"}) << container["name"];
 }
 
 // The container's port named `name` (-1 if none).
@@ -289,9 +340,11 @@ TEST_P(KubernetesOverlayTest, ThePodsRunWhatTheBinariesAndTheJobFileSay) {
   const YAML::Node worker = worker_pod["spec"]["containers"][0];
   ExpectFlagsExist(coordinator);
   ExpectFlagsExist(worker);
+  ExpectFailurePolicyFits(rendered_.Get("Job/flashdraft-coordinator")["spec"], coordinator);
+  ExpectFailurePolicyFits(rendered_.Get("Job/flashdraft-workers")["spec"], worker);
   const auto coordinator_mounts = Mounts(coordinator_pod["spec"], coordinator);
   const auto worker_mounts = Mounts(worker_pod["spec"], worker);
-  const YAML::Node job_data = rendered_.Get("ConfigMap/flashdraft-job")["data"];
+  const YAML::Node job_data = rendered_.Get("ConfigMap/flashdraft-job");
   ExpectMounted(coordinator_mounts, ArgAfter(coordinator, "--job"), job_data, "coordinator --job");
   ExpectMounted(worker_mounts, ArgAfter(worker, "--job"), job_data, "worker --job");
   const YAML::Node security = job_["security"];
@@ -395,21 +448,25 @@ TEST(KubernetesTest, ThePyTorchJobRunsRunRankOnTheJobItMounts) {
   EXPECT_EQ(validated.exit_code, 0) << validated.output;
   EXPECT_THAT(validated.output, HasSubstr("5 of 5 object(s) valid"));
   const Rendered objects = Parse(rendered.output);
-  const YAML::Node job_data = objects.Get("ConfigMap/flashdraft-job")["data"];
+  const YAML::Node job_data = objects.Get("ConfigMap/flashdraft-job");
   ASSERT_TRUE(
-      WriteFileAtomically(dir.Join("job.yaml"), job_data["job.yaml"].as<std::string>()).ok());
+      WriteFileAtomically(dir.Join("job.yaml"), job_data["data"]["job.yaml"].as<std::string>())
+          .ok());
   const auto check =
       RunCommand(kBin + "/flashdraft config check " + dir.Join("job.yaml") + " 2>&1");
   ASSERT_EQ(check.exit_code, 0) << check.output;
-  const YAML::Node job = YAML::Load(job_data["job.yaml"].as<std::string>());
-  EXPECT_EQ(RunCommand(kBin + "/flashdraft run-rank --help >/dev/null 2>&1").exit_code, 0);
+  const YAML::Node job = YAML::Load(job_data["data"]["job.yaml"].as<std::string>());
   const YAML::Node replicas = objects.Get("PyTorchJob/flashdraft")["spec"]["pytorchReplicaSpecs"];
   for (const char* type : {"Master", "Worker"}) {
     const YAML::Node pod = replicas[type]["template"];
     const YAML::Node container = pod["spec"]["containers"][0];
-    ASSERT_EQ(container["command"].size(), 3u) << type;
+    ASSERT_GE(container["command"].size(), 3u) << type;
     EXPECT_EQ(container["command"][0].as<std::string>(), "flashdraft") << type;
     EXPECT_EQ(container["command"][1].as<std::string>(), "run-rank") << type;
+    ExpectFlagsExist(container);
+    // Stopped by SIGTERM: an exit the ExitCode policy retries (128-255); errors fail the job.
+    EXPECT_EQ(replicas[type]["restartPolicy"].as<std::string>(), "ExitCode") << type;
+    EXPECT_EQ(ArgAfter(container, "--stopped-exit-code"), "143") << type;
     const auto mounts = Mounts(pod["spec"], container);
     ExpectMounted(mounts, container["command"][2].as<std::string>(), job_data, "run-rank's job");
     const bool master = std::string(type) == "Master";
@@ -427,6 +484,46 @@ TEST(KubernetesTest, ThePyTorchJobRunsRunRankOnTheJobItMounts) {
             PortOf(job["metrics"]["worker_listen"].as<std::string>()));
   ExpectMounted(Mounts(replicas["Master"]["template"]["spec"], master),
                 job["output_dir"].as<std::string>() + "/checkpoints", job_data, "output_dir");
+}
+
+// The exit codes the manifests' failure policies name are the binaries': a job file refused is 2;
+// a SIGTERM before the job's end is --stopped-exit-code, for a coordinator waiting for its workers
+// and for a worker waiting for its coordinator (a pod drained before the job started).
+TEST(KubernetesTest, TheBinariesExitWithTheCodesThePoliciesName) {
+  testing::TempDir dir;
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("bad.yaml"), "train: {learning_rate: fast}\n").ok());
+  const auto refused = RunCommand(
+      absl::StrCat(kBin, "/flashdraft-coordinator --job ", dir.Join("bad.yaml"), " 2>&1"));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  const auto shards =
+      RunCommand(absl::StrCat(kBin, "/flashdraft make-shards --out ", dir.Join("shards"),
+                              " --samples 24 --seq 64 --vocab 48 --hidden 32 2>&1"));
+  ASSERT_EQ(shards.exit_code, 0) << shards.output;
+  testing::SmallJob small;
+  small.shards_dir = dir.Join("shards");
+  small.output_dir = dir.Join("out");
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("job.yaml"), testing::SmallJobYaml(small)).ok());
+  const int coordinator =
+      testing::StartProcess({kBin + "/flashdraft-coordinator", "--job", dir.Join("job.yaml"),
+                             "--port-file", dir.Join("port"), "--stopped-exit-code", "143"},
+                            dir.Join("coordinator.log"));
+  const int port = testing::WaitForPortFile(dir.Join("port"));
+  EXPECT_GT(port, 0) << *ReadFile(dir.Join("coordinator.log"));
+  // A port nothing serves (the coordinator's, once it is gone) for the waiting worker.
+  kill(coordinator, SIGTERM);
+  int status = 0;
+  waitpid(coordinator, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 143)
+      << status << ": " << *ReadFile(dir.Join("coordinator.log"));
+  const int worker = testing::StartProcess(
+      {kBin + "/flashdraft-worker", "--coordinator", absl::StrCat("127.0.0.1:", port),
+       "--stopped-exit-code", "143", "--connect-timeout", "60"},
+      dir.Join("worker.log"));
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // trying to join
+  kill(worker, SIGTERM);
+  waitpid(worker, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 143)
+      << status << ": " << *ReadFile(dir.Join("worker.log"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Overlays, KubernetesOverlayTest, ::testing::Values("cpu", "gpu"),

@@ -31,6 +31,7 @@ struct Flags {
   flashdraft::WorkerOptions options;
   bool probe = false;
   std::string job_path;
+  int stopped_exit_code = 0;
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -54,6 +55,11 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "job's metrics.worker_listen");
   app.add_option("--metrics-port-file", o.metrics_port_file,
                  "write the bound metrics port here once serving");
+  app.add_option("--stopped-exit-code", f.stopped_exit_code,
+                 "exit with this when SIGTERM made it leave (before the job's end), so that a "
+                 "scheduler starts it again (Kubernetes: 143)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 255));
   app.add_option("--cuda-device", o.cuda_device,
                  "worker.device cuda: the GPU ordinal among the visible ones (default: the local "
                  "rank's, LOCAL_RANK or SLURM_LOCALID; the only one under CUDA_VISIBLE_DEVICES)")
@@ -110,6 +116,10 @@ int Train(Flags& f, char** argv) {
     return 1;
   }
   ExitOnSigterm();
+  if (leave_request.requested() && f.stopped_exit_code != 0) {
+    LOG(INFO) << "left before the job's end: exit " << f.stopped_exit_code;
+    return f.stopped_exit_code;
+  }
   return 0;
 }
 
