@@ -171,8 +171,7 @@ int RunRank(const RunRankOptions& o) {
   absl::StatusOr<std::vector<std::string>> security = WorkerSecurityArgs(*job, o.job_path);
   if (!security.ok()) return Fail(security.status());
   if (o.stopped_exit_code != 0) {  // the worker's own flag, passed on with its others
-    security->insert(security->end(),
-                     {"--stopped-exit-code", absl::StrCat(o.stopped_exit_code)});
+    security->insert(security->end(), {"--stopped-exit-code", absl::StrCat(o.stopped_exit_code)});
   }
   if (absl::Status s = PinChildrenBlasKernel(job->train.blas_kernel); !s.ok()) return Fail(s);
   absl::StatusOr<c10::intrusive_ptr<c10d::Store>> store =

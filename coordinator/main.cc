@@ -162,8 +162,8 @@ int main(int argc, char** argv) {
   absl::Status result = (*coordinator)->Run();
   LOG(INFO) << "peak memory: " << flashdraft::PeakResidentBytes() / (1 << 20) << " MiB"
             << (*estimate > 0 ? absl::StrCat(" (expected ", *estimate / (1 << 20), " MiB)") : "");
-  if (stopped_exit_code != 0 && (absl::IsCancelled(result) ||
-                                 (result.ok() && (*coordinator)->stopped_early()))) {
+  if (stopped_exit_code != 0 &&
+      (absl::IsCancelled(result) || (result.ok() && (*coordinator)->stopped_early()))) {
     LOG(INFO) << "stopped before the job's end: exit " << stopped_exit_code;
     return stopped_exit_code;
   }
