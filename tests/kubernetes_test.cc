@@ -526,6 +526,19 @@ TEST(KubernetesTest, TheBinariesExitWithTheCodesThePoliciesName) {
       << status << ": " << *ReadFile(dir.Join("worker.log"));
 }
 
+// --reconnect-timeout bounds how long a worker keeps trying a coordinator that is gone (the
+// manifests rely on it for a replaced coordinator pod), also when each try waits out a
+// --connect-timeout longer than the reconnect timeout itself.
+TEST(KubernetesTest, AWorkerStopsJoiningAnUnreachableCoordinatorAfterItsReconnectTimeout) {
+  const int closed = testing::FreeTcpPort();
+  const auto r = RunCommand(absl::StrCat("timeout 120 ", kBin,
+                                         "/flashdraft-worker --coordinator 127.0.0.1:", closed,
+                                         " --connect-timeout 6 --reconnect-timeout 1 2>&1"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;  // 124: still trying after 2 minutes
+  EXPECT_THAT(r.output,
+              HasSubstr(absl::StrCat("cannot join the coordinator at 127.0.0.1:", closed)));
+}
+
 INSTANTIATE_TEST_SUITE_P(Overlays, KubernetesOverlayTest, ::testing::Values("cpu", "gpu"),
                          [](const auto& info) { return std::string(info.param); });
 

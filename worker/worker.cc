@@ -192,9 +192,10 @@ absl::Status PlaceCollective(const WorkerOptions& o, SessionSetup& setup) {
 }
 
 // One session with one coordinator process: join, fetch, train until the job ends. UNAVAILABLE
-// when the coordinator could not be reached or went away (RunWorker joins again).
+// when the coordinator could not be reached or went away (RunWorker joins again); `joined` is set
+// once the coordinator admitted this worker.
 absl::Status RunSession(const WorkerOptions& o, const NumericEnv& numerics,
-                        MetricsEndpoint& endpoint) {
+                        MetricsEndpoint& endpoint, bool& joined) {
   FD_ASSIGN_OR_RETURN(const FaultPlan fault, ParseFault(std::getenv("FLASHDRAFT_FAULT")));
   FD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
                       CreateSecureChannel(o.coordinator, o.security));
@@ -206,6 +207,7 @@ absl::Status RunSession(const WorkerOptions& o, const NumericEnv& numerics,
     return absl::OkStatus();
   }
   FD_RETURN_IF_ERROR(CheckAdmitted(*reply, o));
+  joined = true;
   SessionSetup setup;
   FD_RETURN_IF_ERROR(AcceptJob(o, join, *reply, numerics, endpoint, setup));
   setup.fault = fault;
@@ -252,8 +254,8 @@ absl::Status RunWorker(const WorkerOptions& o) {
   const NumericEnv numerics = WorkerNumerics(o);
   LOG(INFO) << "numerics: " << DescribeNumericEnv(numerics);
   while (true) {
-    const double started = Now();
-    absl::Status s = RunSession(o, numerics, metrics);
+    bool joined = false;
+    absl::Status s = RunSession(o, numerics, metrics, joined);
     if (Leaving(o) && (s.ok() || absl::IsUnavailable(s))) {
       LOG(INFO) << "left the job (SIGTERM)";
       return absl::OkStatus();
@@ -261,7 +263,7 @@ absl::Status RunWorker(const WorkerOptions& o) {
     if (!absl::IsUnavailable(s)) return s;
     if (metrics.metrics) metrics.metrics->Rejoining(std::string(s.message()));
     const double now = Now();
-    if (now - started > 5) {  // it trained: a fresh loss
+    if (joined) {  // it was in the job: a fresh loss (not a join that took long to give up)
       lost_at = now;
       backoff = 0.5;
     }
