@@ -1,7 +1,17 @@
 #include "common/health.h"
 
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
 
 #include "common/metrics_exporter.h"
 #include "tests/support/test_util.h"
@@ -88,6 +98,37 @@ TEST(HealthStateTest, EachExporterAnswersItsProbesBesideMetrics) {
   auto other = testing::HttpGet(*port_b, "/healthzz");
   ASSERT_TRUE(other.ok());
   EXPECT_EQ(other->status, 404);
+}
+
+// A client that connects and sends nothing does not hold the probes: another thread answers them
+// (a probe's own deadline is short; the idle connection would hold a lone thread for civetweb's
+// request timeout).
+TEST(HealthStateTest, AnIdleClientDoesNotHoldTheProbes) {
+  MetricsExporter exporter(prometheus::Labels{{"role", "a"}});
+  auto port = exporter.Serve("127.0.0.1:0", "a");
+  ASSERT_TRUE(port.ok()) << port.status();
+  exporter.health().Ready(true, "serving");
+  const int idle = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(*port));
+  ASSERT_EQ(connect(idle, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // accepted, waiting for a request
+  // The probe with a receive deadline well under civetweb's request timeouts (10 s now, 30 s by
+  // default): with one thread it would get nothing before the idle client is given up.
+  const int probe = socket(AF_INET, SOCK_STREAM, 0);
+  timeval limit{8, 0};
+  ASSERT_EQ(setsockopt(probe, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit)), 0);
+  ASSERT_EQ(connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string request = "GET /readyz HTTP/1.0\r\n\r\n";
+  ASSERT_EQ(send(probe, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  char buffer[256] = {};
+  const ssize_t n = recv(probe, buffer, sizeof(buffer) - 1, 0);
+  EXPECT_GT(n, 0) << "no answer while another client idles: " << std::strerror(errno);
+  EXPECT_THAT(std::string(buffer), HasSubstr("200"));
+  close(probe);
+  close(idle);
 }
 
 }  // namespace

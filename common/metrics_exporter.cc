@@ -220,7 +220,12 @@ prometheus::Histogram& MetricsExporter::Seconds(const std::string& name, const s
 
 absl::StatusOr<int> MetricsExporter::Serve(const std::string& listen, const std::string& field) {
   try {
-    exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/1, ProbeCallbacks());
+    // Two threads, so that one client that connects and sends nothing (a port scan, a stuck
+    // scraper) does not hold a scheduler's probes; civetweb gives it up after 10 s, not 30.
+    exposer_ = std::make_unique<prometheus::Exposer>(
+        std::vector<std::string>{"listening_ports", listen, "num_threads", "2",
+                                 "request_timeout_ms", "10000"},
+        ProbeCallbacks());
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat(field, " ", listen, ": cannot serve /metrics: ", e.what()));
