@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/call_retry.h"
@@ -84,6 +85,8 @@ class FeederProcess {
   // mark ends it (EndComputing).
   std::multiset<double>::iterator StartComputing(double now) ABSL_LOCKS_EXCLUDED(computing_mu_);
   void EndComputing(std::multiset<double>::iterator mark) ABSL_LOCKS_EXCLUDED(computing_mu_);
+  // How long the oldest shard in computation has been computing (0: none is).
+  double ComputingSeconds() ABSL_LOCKS_EXCLUDED(computing_mu_);
   // A computation failed: the coordinator hears why, and the stream ends (its work goes to the
   // other feeders).
   void Fail(const absl::Status& error) ABSL_LOCKS_EXCLUDED(stop_mu_);
@@ -316,6 +319,11 @@ void FeederProcess::EndComputing(std::multiset<double>::iterator mark) {
   computing_.erase(mark);
 }
 
+double FeederProcess::ComputingSeconds() {
+  absl::MutexLock lock(&computing_mu_);
+  return computing_.empty() ? 0 : RealClock::Get().Now() - *computing_.begin();
+}
+
 void FeederProcess::Fail(const absl::Status& error) {
   SendError(std::string(error.message()));
   {
@@ -419,9 +427,8 @@ void FeederProcess::ReportStatus(bool first) {
   s->set_held_bytes(stats.held_bytes);
   s->set_shards_computed(stats.computed);
   s->set_shards_pending(stats.pending);
-  {
-    absl::MutexLock lock(&computing_mu_);
-    if (!computing_.empty()) s->set_computing_seconds(RealClock::Get().Now() - *computing_.begin());
+  if (const double computing = ComputingSeconds(); computing > 0) {
+    s->set_computing_seconds(computing);
   }
   metrics_->SetStore(stats.held_bytes, o_.max_bytes, stats.pending);
   if (first) {
@@ -442,7 +449,18 @@ void FeederProcess::ReportLoop() {
       if (clock.AwaitUntil(stop_mu_, absl::Condition(&stopped), clock.Now() + interval)) return;
     }
     ReportStatus(/*first=*/false);
-    metrics_->health().Alive(job_.cluster.heartbeat_timeout_seconds, "the feeder's status thread");
+    // Live while this thread reports and no shard computes longer than the coordinator's stall
+    // watch allows (it drops the feeder then; /healthz says why to whoever probes it).
+    const double computing = ComputingSeconds();
+    if (computing > job_.cluster.stall_timeout_seconds) {
+      metrics_->health().Stuck(
+          absl::StrFormat("a shard has been computing for %.0f s (cluster.stall_timeout_seconds: "
+                          "%g)",
+                          computing, job_.cluster.stall_timeout_seconds));
+    } else {
+      metrics_->health().Alive(job_.cluster.heartbeat_timeout_seconds,
+                               "the feeder's status thread");
+    }
   }
 }
 

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <thread>
 
@@ -97,11 +98,12 @@ class FeederTest : public ::testing::Test {
     EXPECT_TRUE(*reference == *drafter) << what << ": the exported drafters differ";
   }
 
-  // targets.json lists the job's `feeders` feeders (role "feeder"); the first one's /metrics
-  // passes promtool and has every feeder metric the Grafana dashboard asks for.
-  static void ExpectFeederMetrics(const std::string& out, int feeders) {
-    std::map<std::string, int> ports;  // feeder id -> its /metrics port
-    for (int i = 0; i < 1000 && static_cast<int>(ports.size()) < feeders; ++i) {
+  // Each feeder's /metrics port by its id, as the job's targets.json lists them (role "feeder"),
+  // waiting up to `seconds` for `feeders` of them.
+  static std::map<std::string, int> FeederPorts(const std::string& out, int feeders,
+                                                double seconds = 10) {
+    std::map<std::string, int> ports;
+    for (int i = 0; i < seconds * 100 && static_cast<int>(ports.size()) < feeders; ++i) {
       auto text = ReadFile(out + "/prometheus/targets.json");
       const nlohmann::json groups = nlohmann::json::parse(text.ok() ? *text : "", nullptr, false);
       for (const nlohmann::json& g : groups.is_array() ? groups : nlohmann::json::array()) {
@@ -111,6 +113,13 @@ class FeederTest : public ::testing::Test {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+    return ports;
+  }
+
+  // targets.json lists the job's `feeders` feeders (role "feeder"); the first one's /metrics
+  // passes promtool and has every feeder metric the Grafana dashboard asks for.
+  static void ExpectFeederMetrics(const std::string& out, int feeders) {
+    const std::map<std::string, int> ports = FeederPorts(out, feeders);
     ASSERT_EQ(static_cast<int>(ports.size()), feeders) << "feeders in targets.json";
     auto scrape = HttpGet(ports.at("feeder-0"), "/metrics");
     ASSERT_TRUE(scrape.ok()) << scrape.status();
@@ -184,6 +193,32 @@ TEST_F(FeederTest, TheDemoJobIsTheSameBitsWithZeroOneAndThreeFeeders) {
     EXPECT_THAT(*coordinator, HasSubstr("the feeders regenerate the replies of 256 line(s)"));
     EXPECT_THAT(*coordinator, ::testing::Not(HasSubstr("tokenizing and regenerating")));
   }
+}
+
+// A feeder whose shard computes longer than cluster.stall_timeout_seconds says so on its /healthz
+// (the coordinator's stall watch drops it meanwhile): a scheduler's probe can restart it.
+TEST_F(FeederTest, AFeederStuckInAShardFailsItsHealthz) {
+  const std::string out = dir_->Join("stuck");
+  std::filesystem::create_directories(out);
+  std::vector<std::string> argv = Launch(1, out);
+  for (const char* field : {"data.regenerate=false", "cluster.stall_timeout_seconds=2"}) {
+    argv.insert(argv.end(), {"--set", field});
+  }
+  // Every shard's forward takes at least 10 s a sample: the first one outlasts the stall timeout.
+  const int launch = StartProcess(argv, out + ".log", {"FLASHDRAFT_FAULT=slow-feeder:ms=10000"});
+  const std::map<std::string, int> ports = FeederPorts(out, 1, 120);
+  ASSERT_EQ(ports.size(), 1u) << *ReadFile(out + ".log");
+  std::optional<testing::HttpResponse> stuck;
+  for (int i = 0; i < 600 && !stuck; ++i) {
+    auto probe = HttpGet(ports.begin()->second, "/healthz");
+    if (probe.ok() && probe->status == 503) stuck = *probe;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  kill(launch, SIGTERM);
+  waitpid(launch, nullptr, 0);
+  ASSERT_TRUE(stuck.has_value()) << "the feeder's /healthz never failed";
+  EXPECT_THAT(stuck->body, ::testing::MatchesRegex("a shard has been computing for [0-9]+ s "
+                                                   "\\(cluster.stall_timeout_seconds: 2\\)\n"));
 }
 
 // kill -9 one of two feeders while they regenerate the data set's replies: its lines go to the
