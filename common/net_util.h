@@ -1,6 +1,7 @@
-// Small network helpers shared by the processes (no gRPC, no LibTorch).
+// Small network helpers shared by the processes and the tests (no gRPC, no LibTorch).
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -25,5 +26,16 @@ HostPort SplitHostPort(const std::string& address);
 // or `wildcard_host` when it listens on every interface (this machine's host name when empty).
 std::string ScrapeAddress(const std::string& listen, int port,
                           const std::string& wildcard_host = "");
+
+struct HttpAnswer {
+  int status = 0;
+  std::string body;
+};
+
+// One GET of `path` from host:port over HTTP/1.0 (each address the host resolves to in turn), all
+// of it, the connection included, within `timeout_seconds`; an answer longer than `max_bytes` is
+// refused. Errors say which address and why (refused, timed out, not HTTP).
+absl::StatusOr<HttpAnswer> HttpGet(const std::string& host, int port, const std::string& path,
+                                   double timeout_seconds, size_t max_bytes);
 
 }  // namespace flashdraft

@@ -26,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/net_util.h"
 
 namespace flashdraft::testing {
 
@@ -137,34 +138,10 @@ absl::StatusOr<std::string> RunReferencePython(const std::string& script,
 }
 
 absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError("socket() failed");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot connect to 127.0.0.1:", port));
-  }
-  const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-  if (send(fd, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return absl::UnavailableError("send failed");
-  }
-  std::string response;
-  char buffer[65536];
-  ssize_t n;
-  while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0) response.append(buffer, n);
-  close(fd);
-  HttpResponse out;
-  const size_t body = response.find("\r\n\r\n");
-  if (response.rfind("HTTP/1.", 0) != 0 || body == std::string::npos ||
-      sscanf(response.c_str(), "HTTP/1.%*d %d", &out.status) != 1) {
-    return absl::DataLossError(absl::StrCat("not an HTTP response: ", response.substr(0, 80)));
-  }
-  out.body = response.substr(body + 4);
-  return out;
+  absl::StatusOr<HttpAnswer> answer =
+      flashdraft::HttpGet("127.0.0.1", port, path, /*timeout_seconds=*/60, size_t{64} << 20);
+  if (!answer.ok()) return answer.status();
+  return HttpResponse{answer->status, std::move(answer->body)};
 }
 
 int StartProcess(const std::vector<std::string>& argv, const std::string& log,
