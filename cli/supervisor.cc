@@ -26,6 +26,7 @@ struct Supervisor::Child {
   int restarts = 0;                  // how many times this child was started again
   bool replaced = false;             // a newer process runs in its place
   std::optional<double> restart_at;  // when to start it again, once decided
+  double last_output_at = 0;         // when it last wrote anything (or started)
 };
 
 int RestartPolicy::BackoffSeconds(int restarts) { return std::min(30, 1 << std::min(restarts, 5)); }
@@ -81,12 +82,14 @@ void Supervisor::SignalAll(int signal) {
 
 absl::StatusOr<int> Supervisor::WaitForCoordinator(const std::function<int()>& read_port) {
   if (coordinator_ == nullptr) return absl::FailedPreconditionError("no coordinator was started");
-  const double deadline = clock_.Now() + options_.start_timeout_seconds;
+  coordinator_->last_output_at = clock_.Now();
   while (true) {
     Pump(kStartPollSeconds);
     Reap();
     if (const int port = read_port(); port > 0) return port;
-    if (coordinator_->exit.has_value() || stop_.Received() != 0 || clock_.Now() > deadline) break;
+    const bool silent =
+        clock_.Now() > coordinator_->last_output_at + options_.start_timeout_seconds;
+    if (coordinator_->exit.has_value() || stop_.Received() != 0 || silent) break;
   }
   SignalAll(SIGKILL);
   DrainOutput(*coordinator_);
@@ -94,7 +97,9 @@ absl::StatusOr<int> Supervisor::WaitForCoordinator(const std::function<int()>& r
     return absl::UnavailableError(
         absl::StrCat("the coordinator exited with code ", coordinator_->exit->exit_code));
   }
-  return absl::DeadlineExceededError("the coordinator did not start listening");
+  return absl::DeadlineExceededError(
+      absl::StrCat("the coordinator did not start listening (silent for ",
+                   options_.start_timeout_seconds, " s)"));
 }
 
 // Interleaves the children's output, line by line, with a prefix.
@@ -104,6 +109,7 @@ void Supervisor::Pump(double timeout_seconds) {
                            [&](const auto& c) { return c->id == out.id; });
     if (it == children_.end()) continue;
     Child& child = **it;
+    if (!out.bytes.empty()) child.last_output_at = clock_.Now();
     child.partial.append(out.bytes);
     if (out.closed) child.output_open = false;
     EmitLines(child);

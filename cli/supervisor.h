@@ -31,8 +31,10 @@ struct RestartPolicy {
 
 struct SupervisorOptions {
   RestartPolicy restart;
-  // The coordinator has this long to write its port.
-  double start_timeout_seconds = 60;
+  // The coordinator may go this long without writing its port or a line of output: it reads,
+  // tokenizes (and regenerates) the data and loads the target before it listens, which can take
+  // far longer in all, but it reports its progress meanwhile.
+  double start_timeout_seconds = 300;
   // Between SIGTERM when the job ends (or is stopped) and SIGKILL to whatever still runs.
   double grace_seconds = 15;
 };

@@ -343,9 +343,24 @@ TEST_F(SupervisorTest, ACoordinatorThatNeverListensIsKilledAtTheStartTimeout) {
   ASSERT_TRUE(supervisor().StartCoordinator({"coordinator"}).ok());
   absl::StatusOr<int> port = supervisor().WaitForCoordinator([] { return 0; });
   ASSERT_FALSE(port.ok());
-  EXPECT_EQ(port.status().message(), "the coordinator did not start listening");
+  EXPECT_EQ(port.status().message(), "the coordinator did not start listening (silent for 60 s)");
   EXPECT_THAT(launcher_.signal_log(), ElementsAre(Pair(kCoordinator, SIGKILL)));
   EXPECT_NEAR(clock_.Now(), 60, 0.2);
+}
+
+// A coordinator that reports progress (tokenizing and regenerating a large data set) is waited
+// for however long it takes to listen; the start timeout counts only its silence.
+TEST_F(SupervisorTest, ACoordinatorReportingProgressIsWaitedForPastTheStartTimeout) {
+  options_.start_timeout_seconds = 60;
+  ASSERT_TRUE(supervisor().StartCoordinator({"coordinator"}).ok());
+  for (double at = 30; at < 300; at += 30) {
+    launcher_.At(at, [this] { launcher_.Print(kCoordinator, "tokenizing: 10%\n"); });
+  }
+  absl::StatusOr<int> port =
+      supervisor().WaitForCoordinator([&] { return clock_.Now() >= 300 ? kPort : 0; });
+  ASSERT_TRUE(port.ok()) << port.status();
+  EXPECT_EQ(*port, kPort);
+  EXPECT_THAT(launcher_.signal_log(), ::testing::IsEmpty());
 }
 
 TEST_F(SupervisorTest, AStopSignalWhileTheCoordinatorStartsKillsIt) {
