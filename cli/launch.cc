@@ -310,6 +310,10 @@ int Supervise(const JobConfig& job, const LaunchOptions& o, const Binaries& bina
     return Fail("cannot start the coordinator");
   }
   absl::StatusOr<int> port = supervisor.WaitForCoordinator([&] { return ReadPort(port_file); });
+  if (absl::IsCancelled(port.status())) {
+    std::cerr << "flashdraft launch: " << port.status().message() << "\n";
+    return 130;  // interrupted, as a stop after the start
+  }
   if (!port.ok()) return Fail(std::string(port.status().message()));
   // Started again (--resume), it listens on the same port and resumes from its newest checkpoint.
   supervisor.SetCoordinatorRestartArgs({"--set", absl::StrCat("cluster.listen=127.0.0.1:", *port),

@@ -103,6 +103,10 @@ int RunRankZero(const JobConfig& job, const TorchrunEnv& env, c10d::Store& store
     return Fail(absl::InternalError("cannot start the coordinator"));
   }
   absl::StatusOr<int> port = supervisor.WaitForCoordinator([&] { return ReadPort(port_file); });
+  if (absl::IsCancelled(port.status()) && stopped_exit_code != 0) {
+    std::cerr << "[run-rank   ] " << port.status().message() << "\n";
+    return stopped_exit_code;  // a SIGTERM: not an error of the job
+  }
   if (!port.ok()) return Fail(port.status());
   const std::string address = ScrapeAddress(job.cluster.listen, *port, env.master_addr);
   try {

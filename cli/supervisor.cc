@@ -83,19 +83,24 @@ void Supervisor::SignalAll(int signal) {
 absl::StatusOr<int> Supervisor::WaitForCoordinator(const std::function<int()>& read_port) {
   if (coordinator_ == nullptr) return absl::FailedPreconditionError("no coordinator was started");
   coordinator_->last_output_at = clock_.Now();
+  bool exited = false;
   while (true) {
     Pump(kStartPollSeconds);
     Reap();
     if (const int port = read_port(); port > 0) return port;
+    exited = coordinator_->exit.has_value();
     const bool silent =
         clock_.Now() > coordinator_->last_output_at + options_.start_timeout_seconds;
-    if (coordinator_->exit.has_value() || stop_.Received() != 0 || silent) break;
+    if (exited || stop_.Received() != 0 || silent) break;
   }
-  SignalAll(SIGKILL);
+  SignalAll(SIGKILL);  // before it listens it has nothing to checkpoint
   DrainOutput(*coordinator_);
-  if (coordinator_->exit.has_value()) {
+  if (exited) {
     return absl::UnavailableError(
         absl::StrCat("the coordinator exited with code ", coordinator_->exit->exit_code));
+  }
+  if (stop_.Received() != 0) {
+    return absl::CancelledError("stopped before the coordinator listened");
   }
   return absl::DeadlineExceededError(
       absl::StrCat("the coordinator did not start listening (silent for ",

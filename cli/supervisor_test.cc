@@ -348,6 +348,16 @@ TEST_F(SupervisorTest, ACoordinatorThatNeverListensIsKilledAtTheStartTimeout) {
   EXPECT_NEAR(clock_.Now(), 60, 0.2);
 }
 
+// A stop (SIGTERM to launch or run-rank) while the coordinator starts is a stop, not a failure to
+// start: it is killed (it has nothing to checkpoint yet) and the wait says so.
+TEST_F(SupervisorTest, AStopWhileTheCoordinatorStartsIsCancelled) {
+  ASSERT_TRUE(supervisor().StartCoordinator({"coordinator"}).ok());
+  launcher_.At(5, [this] { stop_.signal = SIGTERM; });
+  absl::StatusOr<int> port = supervisor().WaitForCoordinator([] { return 0; });
+  EXPECT_TRUE(absl::IsCancelled(port.status())) << port.status();
+  EXPECT_THAT(launcher_.signal_log(), ElementsAre(Pair(kCoordinator, SIGKILL)));
+}
+
 // A coordinator that reports progress (tokenizing and regenerating a large data set) is waited
 // for however long it takes to listen; the start timeout counts only its silence.
 TEST_F(SupervisorTest, ACoordinatorReportingProgressIsWaitedForPastTheStartTimeout) {

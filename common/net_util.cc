@@ -87,11 +87,13 @@ using Deadline = std::chrono::steady_clock::time_point;
 int MillisecondsLeft(Deadline deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - std::chrono::steady_clock::now());
-  return static_cast<int>(std::max<int64_t>(0, left.count()));
+  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
 }
 
-// Waits until `fd` is ready for `events`; false at the deadline.
+// Waits until `fd` is ready for `events`; false at the deadline (also when it is ready only
+// after it: a peer that keeps sending does not hold the caller past its deadline).
 bool AwaitReady(int fd, short events, Deadline deadline) {
+  if (std::chrono::steady_clock::now() >= deadline) return false;
   pollfd p{fd, events, 0};
   int n;
   while ((n = poll(&p, 1, MillisecondsLeft(deadline))) < 0 && errno == EINTR) {
@@ -150,9 +152,9 @@ absl::StatusOr<std::string> Exchange(int fd, const std::string& request, Deadlin
     const ssize_t n = AwaitReady(fd, POLLOUT, deadline)
                           ? send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL)
                           : (errno = ETIMEDOUT, -1);
-    if (n < 0 && errno != EINTR && errno != EAGAIN) {
-      status =
-          absl::UnavailableError(absl::StrCat("cannot ask ", where, ": ", std::strerror(errno)));
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+      status = absl::UnavailableError(
+          absl::StrCat("cannot ask ", where, ": ", n == 0 ? "sent nothing" : std::strerror(errno)));
     }
     sent += n > 0 ? static_cast<size_t>(n) : 0;
   }

@@ -271,7 +271,8 @@ StepDriver::State StepDriver::Commit() {
   }
   Report(*committed.record);
   ++step_;
-  if (!stop.empty()) {
+  // A stop asked for during the last step changes nothing: the job is done (and exported).
+  if (!stop.empty() && step_ < options_.total_steps) {
     stopped_ = absl::StrCat(stop, ": stopped after step ", step_, " of ", options_.total_steps,
                             " (resume with --resume)");
     return State::kFinish;

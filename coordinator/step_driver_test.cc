@@ -74,8 +74,7 @@ class Harness {
     CheckpointPipeline::Options options;
     options.upload_timeout_seconds = 100;
     pipeline_ = std::make_unique<CheckpointPipeline>(
-        options,
-        CheckpointUploadSpecs({{"w", DType::kF32, {2}}}),
+        options, CheckpointUploadSpecs({{"w", DType::kF32, {2}}}),
         [this](uint64_t steps, const std::vector<OwnedTensor>& tensors, const std::string&,
                const std::vector<std::string>&) { return WriteCheckpoint(steps, tensors); },
         [] { return std::string(); },
@@ -593,6 +592,24 @@ TEST(StepDriverTest, AStopRequestEndsAfterTheStepInFlightWithACheckpointAndNoExp
   EXPECT_LT(w.commits_[a].back(), 9u);
   // The step the job stopped after is checkpointed (a resumed job starts there).
   EXPECT_EQ(h.checkpoints(), (std::vector<uint64_t>{w.commits_[a].back() + 1}));
+}
+
+// A stop asked for while the last step is in flight: the job finished (the workers hear so, the
+// drafter is exported), nothing is left to resume.
+TEST(StepDriverTest, AStopRequestDuringTheLastStepFinishesTheJob) {
+  JobShape setup;
+  setup.total_steps = 2;
+  setup.checkpoint_every_steps = 0;
+  Harness h(setup);
+  Workers w(h);
+  const std::string a = h.Join("a");
+  h.Start();
+  ASSERT_TRUE(w.Until([&] { return w.commits_[a].size() == 1; }));
+  h.controller().RequestStop("signal 15");
+  ASSERT_TRUE(w.Until([&] { return w.shutdowns_.count(a) > 0; }));
+  ASSERT_TRUE(h.Finish().ok());
+  EXPECT_TRUE(w.shutdowns_[a].job_finished()) << w.shutdowns_[a].reason();
+  EXPECT_EQ(h.board().state(), JobState::kDone);
 }
 
 TEST(StepDriverTest, AFailedCollectiveNoLossExplainsReformsTheSameMembersAfterTheGrace) {

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <string>
@@ -486,6 +487,40 @@ TEST(KubernetesTest, ThePyTorchJobRunsRunRankOnTheJobItMounts) {
                 job["output_dir"].as<std::string>() + "/checkpoints", job_data, "output_dir");
 }
 
+// A coordinator and a worker with --stopped-exit-code 143 on the small job of `steps` steps (the
+// shards in `dir`), the coordinator sent SIGTERM once the job trains when `stop`; their exit codes.
+std::pair<int, int> StoppedOrFinished(const testing::TempDir& dir, int steps, bool stop) {
+  const std::string out = dir.Join(absl::StrCat("run-", steps));
+  testing::SmallJob small;
+  small.shards_dir = dir.Join("shards");
+  small.output_dir = out;
+  small.max_steps = steps;
+  EXPECT_TRUE(WriteFileAtomically(out + ".yaml", testing::SmallJobYaml(small)).ok());
+  const int coordinator =
+      testing::StartProcess({kBin + "/flashdraft-coordinator", "--job", out + ".yaml",
+                             "--port-file", out + ".port", "--stopped-exit-code", "143"},
+                            out + ".coordinator.log");
+  const int port = testing::WaitForPortFile(out + ".port");
+  const int worker =
+      testing::StartProcess({kBin + "/flashdraft-worker", "--coordinator",
+                             absl::StrCat("127.0.0.1:", port), "--stopped-exit-code", "143"},
+                            out + ".worker.log");
+  if (stop) {
+    for (int i = 0; i < 600 && testing::ReadSteps(out + "/steps.jsonl").empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    kill(coordinator, SIGTERM);
+  }
+  std::pair<int, int> codes = {-1, -1};
+  for (auto [pid, code] :
+       {std::make_pair(coordinator, &codes.first), std::make_pair(worker, &codes.second)}) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    *code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  return codes;
+}
+
 // The exit codes the manifests' failure policies name are the binaries': a job file refused is 2;
 // a SIGTERM before the job's end is --stopped-exit-code, for a coordinator waiting for its workers
 // and for a worker waiting for its coordinator (a pod drained before the job started).
@@ -524,16 +559,19 @@ TEST(KubernetesTest, TheBinariesExitWithTheCodesThePoliciesName) {
   waitpid(worker, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 143)
       << status << ": " << *ReadFile(dir.Join("worker.log"));
+  // A training job whose coordinator is stopped: its worker exits 143 too (its pod is not done:
+  // the replacement coordinator needs it); a finished job's worker exits 0.
+  EXPECT_EQ(StoppedOrFinished(dir, 400, /*stop=*/true), std::make_pair(143, 143));
+  EXPECT_EQ(StoppedOrFinished(dir, 3, /*stop=*/false), std::make_pair(0, 0));
 }
 
-// --reconnect-timeout bounds how long a worker keeps trying a coordinator that is gone (the
-// manifests rely on it for a replaced coordinator pod), also when each try waits out a
-// --connect-timeout longer than the reconnect timeout itself.
-TEST(KubernetesTest, AWorkerStopsJoiningAnUnreachableCoordinatorAfterItsReconnectTimeout) {
+// A worker that finds no coordinator within --connect-timeout gives up, however long its
+// --reconnect-timeout (that is for a coordinator it had and lost); the manifests set both.
+TEST(KubernetesTest, AWorkerGivesUpItsFirstJoinAfterItsConnectTimeout) {
   const int closed = testing::FreeTcpPort();
   const auto r = RunCommand(absl::StrCat("timeout 120 ", kBin,
                                          "/flashdraft-worker --coordinator 127.0.0.1:", closed,
-                                         " --connect-timeout 6 --reconnect-timeout 1 2>&1"));
+                                         " --connect-timeout 3 --reconnect-timeout 600 2>&1"));
   EXPECT_EQ(r.exit_code, 1) << r.output;  // 124: still trying after 2 minutes
   EXPECT_THAT(r.output,
               HasSubstr(absl::StrCat("cannot join the coordinator at 127.0.0.1:", closed)));

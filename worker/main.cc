@@ -56,8 +56,8 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--metrics-port-file", o.metrics_port_file,
                  "write the bound metrics port here once serving");
   app.add_option("--stopped-exit-code", f.stopped_exit_code,
-                 "exit with this when SIGTERM made it leave (before the job's end), so that a "
-                 "scheduler starts it again (Kubernetes: 143)")
+                 "exit with this when it leaves or its job stops before the job's end (SIGTERM to "
+                 "it or to the coordinator), so that a scheduler starts it again (Kubernetes: 143)")
       ->capture_default_str()
       ->check(CLI::Range(0, 255));
   app.add_option("--cuda-device", o.cuda_device,
@@ -84,11 +84,15 @@ void LeaveOnSigterm() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
+// The exit code a SIGTERM during the teardown ends the process with (set before the handler).
+volatile sig_atomic_t exit_code_on_sigterm = 0;
+
 // The job is left or over: a SIGTERM during the teardown (launch sends one to every worker still
-// there when the job ends) ends it at once, as the success it is.
-void ExitOnSigterm() {
+// there when the job ends) ends it at once, with the code it was about to exit with.
+void ExitOnSigterm(int code) {
+  exit_code_on_sigterm = code;
   struct sigaction done {};
-  done.sa_handler = [](int) { _exit(0); };
+  done.sa_handler = [](int) { _exit(exit_code_on_sigterm); };
   sigemptyset(&done.sa_mask);
   sigaction(SIGTERM, &done, nullptr);
 }
@@ -109,18 +113,18 @@ int Train(Flags& f, char** argv) {
   options.leave = &leave_request;
   options.configure_process = ConfigureProcessForJob;
   LeaveOnSigterm();
-  absl::Status s = flashdraft::RunWorker(options);
+  absl::StatusOr<flashdraft::WorkerEnd> end = flashdraft::RunWorker(options);
   LOG(INFO) << "peak memory: " << flashdraft::PeakResidentBytes() / (1 << 20) << " MiB";
-  if (!s.ok()) {
-    std::cerr << "flashdraft-worker: error: " << s.message() << "\n";
+  if (!end.ok()) {
+    std::cerr << "flashdraft-worker: error: " << end.status().message() << "\n";
     return 1;
   }
-  ExitOnSigterm();
-  if (leave_request.requested() && f.stopped_exit_code != 0) {
-    LOG(INFO) << "left before the job's end: exit " << f.stopped_exit_code;
-    return f.stopped_exit_code;
-  }
-  return 0;
+  // Before the job's end (this worker left, or the coordinator stopped the job): the code a
+  // scheduler starts it again on (--stopped-exit-code; 0 by default).
+  const int code = *end == flashdraft::WorkerEnd::kJobFinished ? 0 : f.stopped_exit_code;
+  ExitOnSigterm(code);
+  if (code != 0) LOG(INFO) << "the job did not end here: exit " << code;
+  return code;
 }
 
 }  // namespace

@@ -129,10 +129,10 @@ v1::JoinRequest MakeJoinRequest(const WorkerOptions& o, const NumericEnv& numeri
 // connect_timeout_seconds, so that a SIGTERM meanwhile is seen. nullopt: asked to leave first.
 absl::StatusOr<std::optional<v1::JoinReply>> Join(v1::Coordinator::Stub& stub,
                                                   const v1::JoinRequest& join,
-                                                  const WorkerOptions& o) {
+                                                  const WorkerOptions& o, double timeout) {
   v1::JoinReply reply;
   const std::optional<grpc::Status> s = CallUntilReachable(
-      RealClock::Get(), o.connect_timeout_seconds,
+      RealClock::Get(), timeout,
       [&](grpc::ClientContext& ctx) { return stub.Join(&ctx, join, &reply); },
       [&] { return Leaving(o); });
   if (!s.has_value()) return std::nullopt;
@@ -191,23 +191,28 @@ absl::Status PlaceCollective(const WorkerOptions& o, SessionSetup& setup) {
   return absl::OkStatus();
 }
 
+struct SessionEnd {
+  bool joined = false;        // the coordinator admitted this worker
+  bool job_finished = false;  // its Shutdown said the job trained all its steps
+};
+
 // One session with one coordinator process: join, fetch, train until the job ends. UNAVAILABLE
-// when the coordinator could not be reached or went away (RunWorker joins again); `joined` is set
-// once the coordinator admitted this worker.
+// when the coordinator could not be reached within `join_timeout` or went away (RunWorker joins
+// again); `end` says whether the coordinator admitted this worker and whether the job finished.
 absl::Status RunSession(const WorkerOptions& o, const NumericEnv& numerics,
-                        MetricsEndpoint& endpoint, bool& joined) {
+                        MetricsEndpoint& endpoint, double join_timeout, SessionEnd& end) {
   FD_ASSIGN_OR_RETURN(const FaultPlan fault, ParseFault(std::getenv("FLASHDRAFT_FAULT")));
   FD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
                       CreateSecureChannel(o.coordinator, o.security));
   std::shared_ptr<v1::Coordinator::Stub> stub = v1::Coordinator::NewStub(channel);
   const v1::JoinRequest join = MakeJoinRequest(o, numerics);
-  FD_ASSIGN_OR_RETURN(const std::optional<v1::JoinReply> reply, Join(*stub, join, o));
+  FD_ASSIGN_OR_RETURN(const std::optional<v1::JoinReply> reply, Join(*stub, join, o, join_timeout));
   if (!reply) {
     LOG(INFO) << "asked to leave before joining";
     return absl::OkStatus();
   }
   FD_RETURN_IF_ERROR(CheckAdmitted(*reply, o));
-  joined = true;
+  end.joined = true;
   SessionSetup setup;
   FD_RETURN_IF_ERROR(AcceptJob(o, join, *reply, numerics, endpoint, setup));
   setup.fault = fault;
@@ -229,7 +234,9 @@ absl::Status RunSession(const WorkerOptions& o, const NumericEnv& numerics,
   hooks.shard_fetcher = &feeders;
   FD_ASSIGN_OR_RETURN(auto session, WorkerSession::Create(std::move(setup), hooks));
   GrpcCoordinatorLink link(channel);
-  return session->Run(link);
+  const absl::Status s = session->Run(link);
+  end.job_finished = s.ok() && session->job_finished();
+  return s;
 }
 
 }  // namespace
@@ -244,30 +251,37 @@ std::string ProbeWorker() {
   return out;
 }
 
-absl::Status RunWorker(const WorkerOptions& o) {
-  // A coordinator that goes away (crashed, restarted with --resume, or this worker was dropped
-  // as hung) is joined again, with back-off, until reconnect_timeout_seconds pass without a
-  // session; the new session starts from what the coordinator serves (its checkpoint).
+absl::StatusOr<WorkerEnd> RunWorker(const WorkerOptions& o) {
+  // The first join waits connect_timeout_seconds for the coordinator. One that goes away later
+  // (crashed, restarted with --resume, or this worker was dropped as hung) is joined again, with
+  // back-off, until reconnect_timeout_seconds pass without a session (each join within what is
+  // left of them); the new session starts from what the coordinator serves (its checkpoint).
   double backoff = 0.5;
-  double lost_at = Now();
+  std::optional<double> lost_at;  // since when it has been without a session, once it had one
   MetricsEndpoint metrics;
   const NumericEnv numerics = WorkerNumerics(o);
   LOG(INFO) << "numerics: " << DescribeNumericEnv(numerics);
   while (true) {
-    bool joined = false;
-    absl::Status s = RunSession(o, numerics, metrics, joined);
+    const double join_timeout =
+        lost_at ? std::min(o.connect_timeout_seconds,
+                           std::max(0.0, *lost_at + o.reconnect_timeout_seconds - Now()))
+                : o.connect_timeout_seconds;
+    SessionEnd end;
+    absl::Status s = RunSession(o, numerics, metrics, join_timeout, end);
+    if (s.ok() && end.job_finished) return WorkerEnd::kJobFinished;
     if (Leaving(o) && (s.ok() || absl::IsUnavailable(s))) {
       LOG(INFO) << "left the job (SIGTERM)";
-      return absl::OkStatus();
+      return WorkerEnd::kLeft;
     }
+    if (s.ok()) return end.joined ? WorkerEnd::kJobStopped : WorkerEnd::kLeft;
     if (!absl::IsUnavailable(s)) return s;
     if (metrics.metrics) metrics.metrics->Rejoining(std::string(s.message()));
-    const double now = Now();
-    if (joined) {  // it was in the job: a fresh loss (not a join that took long to give up)
-      lost_at = now;
+    if (end.joined) {  // it was in the job: a fresh loss
+      lost_at = Now();
       backoff = 0.5;
     }
-    const double waited = now - lost_at;
+    if (!lost_at) return s;  // the first join found no coordinator in connect_timeout_seconds
+    const double waited = Now() - *lost_at;
     if (waited + backoff > o.reconnect_timeout_seconds) return s;
     LOG(WARNING) << s.message() << "; joining again in " << backoff << " s (for up to "
                  << o.reconnect_timeout_seconds - waited << " s more)";

@@ -18,6 +18,7 @@ struct JobConfig;
 struct WorkerOptions {
   std::string coordinator = "127.0.0.1:7600";
   std::string worker_id;
+  // The first join waits this long for the coordinator.
   double connect_timeout_seconds = 60;
   // After losing the coordinator (or being dropped from the job), join again for this long.
   double reconnect_timeout_seconds = 120;
@@ -44,8 +45,15 @@ struct WorkerOptions {
   std::function<void(const JobConfig& job)> configure_process;
 };
 
-// Trains until the job ends (OK), this worker is told to leave or asked to (OK), or a fatal error.
-absl::Status RunWorker(const WorkerOptions& options);
+// How a worker's part in a job ended.
+enum class WorkerEnd {
+  kJobFinished,  // the job trained all its steps
+  kJobStopped,   // the coordinator stopped the job before its end (SIGTERM to it; resumable)
+  kLeft,         // this worker left (SIGTERM to it) or was let go before the job's end
+};
+
+// Trains until the job ends, this worker leaves, or a fatal error (returned).
+absl::StatusOr<WorkerEnd> RunWorker(const WorkerOptions& options);
 
 // What this binary can run, one "key: value" per line: backends (gloo[,nccl]), torch_cuda
 // (yes|no: LibTorch has CUDA), cuda_devices (visible to the CUDA runtime) and cuda (why none),

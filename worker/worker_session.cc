@@ -203,6 +203,7 @@ void WorkerSession::End(absl::Status status) {
 
 void WorkerSession::Shutdown(const InboxItem& item) {
   LOG(INFO) << "shutdown: " << item.text;
+  job_finished_ = item.job_finished;
   End(absl::OkStatus());
 }
 

@@ -97,6 +97,9 @@ class WorkerSession {
   // nothing of the job's), the end of the stream (UNAVAILABLE: join again) or a fatal error (told
   // to the coordinator, returned), over the just-opened Train stream `link`, which it ends. Once.
   absl::Status Run(CoordinatorLink& link);
+  // After Run() returned OK: whether the coordinator's Shutdown said the job trained all its steps
+  // (not stopped early, nor this worker let go).
+  bool job_finished() const { return job_finished_; }
 
   // The model, for tests (not while Run runs).
   DrafterImpl& drafter() { return *drafter_; }
@@ -178,6 +181,7 @@ class WorkerSession {
   std::unique_ptr<GradientReducer> reducer_;
   std::deque<InboxItem> deferred_;  // items that arrived while a step waited for its commit
   std::optional<absl::Status> end_;
+  bool job_finished_ = false;  // the Shutdown's
   double last_optimizer_seconds_ = 0;
   uint64_t last_step_ = 0;
   // Rank 0's checkpoint uploads (last: its thread writes through this session's link).
