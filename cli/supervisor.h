@@ -66,7 +66,8 @@ class Supervisor {
   // Starts the coordinator, first and once.
   absl::Status StartCoordinator(const std::vector<std::string>& argv);
   // Runs until `read_port` gives a port > 0, the coordinator's. If the coordinator exits, a stop
-  // is requested or the start timeout passes first, kills it and says which.
+  // is requested (CANCELLED) or it stays silent for the start timeout first, kills it and says
+  // which.
   absl::StatusOr<int> WaitForCoordinator(const std::function<int()>& read_port);
   // Extra arguments the coordinator gets when it is started again (its port, resume).
   void SetCoordinatorRestartArgs(std::vector<std::string> args);
