@@ -42,6 +42,7 @@ class EvalCommand : public Command {
         .add_option("--threads", o.threads, "intra-op threads")
         ->capture_default_str()
         ->check(CLI::Range(1, 1024));
+    AddChatOptionFlags(app(), o.chat);
     app().add_flag("--json", o.json, "one JSON object on stdout");
     app().add_option("--json-out", o.json_out,
                      "also write that JSON to this file (flashdraft report --eval)");

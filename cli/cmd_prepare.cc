@@ -43,6 +43,7 @@ class PrepareCommand : public Command {
         .add_option("--max-new-tokens", o.max_new_tokens, "longest regenerated answer, in tokens")
         ->capture_default_str()
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+    AddChatOptionFlags(app(), o.chat);
   }
 
   int Run() override {

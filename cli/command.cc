@@ -14,6 +14,15 @@ int Fail(const absl::Status& status) {
 
 int ExitCode(const absl::Status& status) { return status.ok() ? 0 : Fail(status); }
 
+void AddChatOptionFlags(CLI::App& app, ChatRenderOptions& chat) {
+  app.add_option("--enable-thinking", chat.enable_thinking,
+                 "false: Qwen3's non-thinking mode, as the job's data.enable_thinking (reasoning "
+                 "dropped, the empty think block in the prompt)")
+      ->capture_default_str();
+  app.add_option("--system-prompt", chat.system_prompt,
+                 "the system turn of every chat without one, as the job's data.system_prompt");
+}
+
 absl::Status ParseLayerIds(const std::string& text, std::vector<int>& out) {
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     int id;

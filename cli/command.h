@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/chat_template.h"
 
 namespace flashdraft {
 
@@ -38,6 +39,9 @@ using Commands = std::vector<std::unique_ptr<Command>>;
 int Fail(const absl::Status& status);
 // 0 when `status` is ok, else Fail(status).
 int ExitCode(const absl::Status& status);
+// --enable-thinking and --system-prompt, bound to `chat`: a job's data.enable_thinking and
+// data.system_prompt for the commands that render chats outside a job (prepare, eval).
+void AddChatOptionFlags(CLI::App& app, ChatRenderOptions& chat);
 // --layers "1,9,17" → {1, 9, 17}, appended to `out`.
 absl::Status ParseLayerIds(const std::string& text, std::vector<int>& out);
 

@@ -110,6 +110,8 @@ nlohmann::json EvalJson(const EvalOptions& o, int64_t block,
   j["prompts"] = results.size();
   j["block_size"] = block;
   j["max_new_tokens"] = o.max_new_tokens;
+  j["enable_thinking"] = o.chat.enable_thinking;
+  j["system_prompt"] = o.chat.system_prompt;
   j["tau"] = sum.tally.Tau();
   j["tau_zlab"] = sum.tally.TauZlab();
   j["tau_pooled"] = sum.tally.TauPooled();
@@ -257,7 +259,8 @@ int RunEval(const EvalOptions& o) {
       DecodeBlockSize(o.block_size, drafter->config(), "--block-size");
   if (!block_size.ok()) return Fail(block_size.status());
   const int64_t block = *block_size;
-  absl::StatusOr<EvalPrompts> prompts = LoadEvalPrompts(o.prompts, o.limit, o.target, **target);
+  absl::StatusOr<EvalPrompts> prompts =
+      LoadEvalPrompts(o.prompts, o.limit, o.target, **target, o.chat);
   if (!prompts.ok()) return Fail(prompts.status());
 
   SpeculativeOptions so;

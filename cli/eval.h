@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/chat_template.h"
+
 namespace flashdraft {
 
 struct EvalOptions {
@@ -19,6 +21,7 @@ struct EvalOptions {
   int64_t max_new_tokens = 128;
   int64_t block_size = 0;  // 0: the drafter's
   int64_t limit = 0;       // the first N prompts; 0: all
+  ChatRenderOptions chat;  // how chat prompts are rendered (as the job trained on them)
   // Intra-op threads, the same for both decoders. 1 by default: decoding a token is a chain of
   // small operations, which more threads on a small model only slow down.
   int threads = 1;

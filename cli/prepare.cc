@@ -281,7 +281,7 @@ absl::Status ReadLines(const PrepareOptions& o, std::istream& in, TargetModel& m
   std::string line;
   int64_t line_no = 0;
   std::vector<int64_t> ids, mask;
-  ChatLineReader chat({o.target, o.tokenizer, o.max_new_tokens}, model);
+  ChatLineReader chat({o.target, o.tokenizer, o.max_new_tokens, o.chat}, model);
   while (std::getline(in, line)) {
     ++line_no;
     if (const std::streamoff at = in.tellg(); at >= 0) out.ShowProgress(static_cast<double>(at));

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/chat_template.h"
 
 namespace flashdraft {
 
@@ -28,6 +29,7 @@ struct PrepareOptions {
   std::string tokenizer;         // tokenizer.json for chat lines; empty: <target>/tokenizer.json
   bool regenerate = false;
   int64_t max_new_tokens = 512;  // per regenerated assistant turn
+  ChatRenderOptions chat;        // thinking mode and system prompt of chat lines
   std::string out;
   std::vector<int> layer_ids;  // empty: DFLASH.md §2 formula with num_features
   int num_features = 5;

@@ -1,7 +1,11 @@
 #include "common/chat_template.h"
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/crc32c.h"
 
 namespace flashdraft {
 namespace {
@@ -24,6 +28,8 @@ absl::string_view LastPart(absl::string_view s, absl::string_view sep) {
   const size_t at = s.rfind(sep);
   return at == absl::string_view::npos ? s : s.substr(at + sep.size());
 }
+
+constexpr absl::string_view kEmptyThink = "<think>\n\n</think>\n\n";
 
 }  // namespace
 
@@ -108,6 +114,54 @@ TokenizedChat TokenizeChat(const Tokenizer& tokenizer, const RenderedChat& chat)
     }
   }
   return out;
+}
+
+void ApplyChatOptions(const ChatRenderOptions& options, std::vector<ChatMessage>& messages) {
+  const bool has_system = std::any_of(messages.begin(), messages.end(),
+                                      [](const ChatMessage& m) { return m.role == "system"; });
+  if (!options.system_prompt.empty() && !has_system) {
+    messages.insert(messages.begin(), ChatMessage{"system", options.system_prompt, std::nullopt});
+  }
+  if (options.enable_thinking) return;
+  for (ChatMessage& m : messages) {
+    if (m.role != "assistant") continue;
+    m.reasoning_content.reset();
+    // As the template splits it: the answer is what follows the last </think>.
+    if (absl::StrContains(m.content, "</think>")) {
+      m.content = LStripNewlines(LastPart(m.content, "</think>"));
+    }
+  }
+}
+
+absl::StatusOr<RenderedChat> RenderTrainingChat(const std::vector<ChatMessage>& messages,
+                                                const ChatRenderOptions& options) {
+  absl::StatusOr<RenderedChat> chat = RenderQwen3Chat(messages);
+  if (!chat.ok() || options.enable_thinking) return chat;
+  for (auto& [begin, end] : chat->assistant_spans) {
+    if (absl::StartsWith(absl::string_view(chat->text).substr(begin, end - begin), kEmptyThink)) {
+      begin += kEmptyThink.size();
+    }
+  }
+  return chat;
+}
+
+absl::StatusOr<RenderedChat> RenderChatPrompt(const std::vector<ChatMessage>& messages,
+                                              const ChatRenderOptions& options) {
+  ChatTemplateOptions o;
+  o.add_generation_prompt = true;
+  if (!options.enable_thinking) o.enable_thinking = false;
+  return RenderQwen3Chat(messages, o);
+}
+
+std::string ChatOptionsKey(const ChatRenderOptions& options) {
+  std::string key;
+  if (!options.enable_thinking) key += "; thinking off";
+  if (!options.system_prompt.empty()) {
+    absl::StrAppendFormat(&key, "; system prompt %08x (%d B)",
+                          Crc32c(options.system_prompt.data(), options.system_prompt.size()),
+                          options.system_prompt.size());
+  }
+  return key;
 }
 
 }  // namespace flashdraft

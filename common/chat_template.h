@@ -45,4 +45,34 @@ struct TokenizedChat {
 
 TokenizedChat TokenizeChat(const Tokenizer& tokenizer, const RenderedChat& chat);
 
+// How a job renders its chats: the same in training, in regeneration and in evaluation, so that
+// the drafter learns the text a server will show it.
+struct ChatRenderOptions {
+  // false: Qwen3's non-thinking mode, as a server runs it with `enable_thinking: false`. The
+  // assistant turns lose their reasoning (the target writes none in that mode), and the empty
+  // "<think>\n\n</think>\n\n" the template puts before an answer is out of the loss: the
+  // server writes it into the prompt, the drafter never drafts it.
+  bool enable_thinking = true;
+  // Non-empty: the system turn of every chat that has none.
+  std::string system_prompt;
+};
+
+// `messages` with the system prompt added (where the chat has no system turn) and, in non-thinking
+// mode, the assistant turns' reasoning dropped.
+void ApplyChatOptions(const ChatRenderOptions& options, std::vector<ChatMessage>& messages);
+
+// A whole conversation for training (after ApplyChatOptions): rendered, with the assistant spans
+// starting after the empty think block in non-thinking mode.
+absl::StatusOr<RenderedChat> RenderTrainingChat(const std::vector<ChatMessage>& messages,
+                                                const ChatRenderOptions& options);
+
+// The prompt a server renders for `messages` (after ApplyChatOptions): the generation prompt, with
+// the empty think block in non-thinking mode.
+absl::StatusOr<RenderedChat> RenderChatPrompt(const std::vector<ChatMessage>& messages,
+                                              const ChatRenderOptions& options);
+
+// What a cache key and a log line say of `options`: empty for the defaults (so keys written before
+// the options existed stay valid), otherwise e.g. "; thinking off; system prompt 1f2e3d4c (52 B)".
+std::string ChatOptionsKey(const ChatRenderOptions& options);
+
 }  // namespace flashdraft

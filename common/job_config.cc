@@ -65,6 +65,8 @@ const std::vector<JobField>& Fields() {
       FD_FIELD(data, prefetch_steps, int, Between(1, 1024)),
       FD_FIELD(data, regenerate, bool),
       FD_FIELD(data, max_new_tokens, int, Between(1, 1 << 20)),
+      FD_FIELD(data, enable_thinking, bool),
+      FD_FIELD(data, system_prompt, MultiLineText),
 
       FD_FIELD(train, seed, uint64_t),
       FD_FIELD(train, learning_rate, double, Positive()),
@@ -366,6 +368,11 @@ std::string JobFingerprint(const JobConfig& c) {
   if (c.train.lr_schedule == defaults.lr_schedule) leave_out.insert("train.lr_schedule");
   if (c.train.decay_ratio == defaults.decay_ratio) leave_out.insert("train.decay_ratio");
   if (c.train.min_lr_ratio == defaults.min_lr_ratio) leave_out.insert("train.min_lr_ratio");
+  const DataConfig data_defaults;
+  if (c.data.enable_thinking == data_defaults.enable_thinking) {
+    leave_out.insert("data.enable_thinking");
+  }
+  if (c.data.system_prompt.empty()) leave_out.insert("data.system_prompt");
   const std::string yaml = EmitJobYaml(same, leave_out);
   return absl::StrFormat("%08x", Crc32c(yaml.data(), yaml.size()));
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/multi_line_text.h"
 
 namespace flashdraft {
 
@@ -57,6 +58,11 @@ struct DataConfig {
   // is opened (the DFlash recipe: the drafter learns what the target actually says).
   bool regenerate = false;
   int max_new_tokens = 256;  // per regenerated answer
+  // How chat lines are rendered, alike in training, regeneration and evaluation (eval.prompts):
+  // false is Qwen3's non-thinking mode (the server's `enable_thinking: false`); a non-empty
+  // system_prompt becomes the system turn of every chat that has none (common/chat_template.h).
+  bool enable_thinking = true;
+  MultiLineText system_prompt;
 };
 
 struct TrainConfig {

@@ -99,6 +99,31 @@ TEST(JobConfigTest, FingerprintOfAFixedJobNeverChanges) {
   auto floor = ParseJobConfig(kMinimal + std::string("train: {min_lr_ratio: 0.1}\n"), "job.yaml");
   ASSERT_TRUE(floor.ok()) << floor.status();
   EXPECT_NE(JobFingerprint(*floor), JobFingerprint(*wsd));
+  // So are chats rendered otherwise (the defaults keep the value above).
+  auto explicit_defaults = ParseJobConfig(
+      std::string(kMinimal) + "  enable_thinking: true\n  system_prompt: ''\n", "job.yaml");
+  ASSERT_TRUE(explicit_defaults.ok()) << explicit_defaults.status();
+  EXPECT_EQ(JobFingerprint(*explicit_defaults), "e4894bef");
+  auto no_thinking =
+      ParseJobConfig(std::string(kMinimal) + "  enable_thinking: false\n", "job.yaml");
+  ASSERT_TRUE(no_thinking.ok()) << no_thinking.status();
+  EXPECT_NE(JobFingerprint(*no_thinking), "e4894bef");
+  auto system = ParseJobConfig(std::string(kMinimal) + "  system_prompt: Be brief.\n", "job.yaml");
+  ASSERT_TRUE(system.ok()) << system.status();
+  EXPECT_NE(JobFingerprint(*system), "e4894bef");
+  EXPECT_NE(JobFingerprint(*system), JobFingerprint(*no_thinking));
+}
+
+TEST(JobConfigTest, AMultiLineSystemPromptReadsBackAsWritten) {
+  auto config = ParseJobConfig(
+      std::string(kMinimal) + "  system_prompt: |\n    Be brief.\n    \tNo \"lists\".\n",
+      "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->data.system_prompt, "Be brief.\n\tNo \"lists\".\n");
+  auto again = ParseJobConfig(JobConfigToYaml(*config), "round-trip");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << JobConfigToYaml(*config);
+  EXPECT_EQ(again->data.system_prompt, config->data.system_prompt);
+  EXPECT_EQ(JobFingerprint(*again), JobFingerprint(*config));
 }
 
 TEST(JobConfigTest, YamlRoundTrip) {
@@ -201,6 +226,10 @@ TEST(JobConfigTest, BadInputNamesFileFieldAndValue) {
        "field 'data.shards_dir' = \"/data\\r\\r\" has a control character (byte 5 is 0x0d)"},
       {"tab in a name", base + "name: \"a\\tb\"\n",
        "field 'name' = \"a\\tb\" has a control character (byte 1 is 0x09)"},
+      // A prompt may span lines, but a carriage return would not read back (above).
+      {"carriage return in a prompt", "data: {shards_dir: /d, system_prompt: \"a\\r\\nb\"}\n",
+       "field 'data.system_prompt' = \"a\\r\\nb\" has a control character (byte 1 is 0x0d); "
+       "text may have line breaks and tabs"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.label);

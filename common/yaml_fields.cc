@@ -91,6 +91,20 @@ absl::Status CheckOneLine(const std::string& value, const std::string& source,
   return absl::OkStatus();
 }
 
+absl::Status CheckText(const std::string& value, const std::string& source,
+                       const std::string& path) {
+  for (size_t i = 0; i < value.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(value[i]);
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: field '%s' = \"%s\" has a control character (byte %d is 0x%02x); text may have "
+          "line breaks and tabs, no other control character",
+          source, path, absl::CHexEscape(value), i, c));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The shortest precision that reads back exactly: 6e-4, not 0.00059999999999999995.
 void EmitDouble(YAML::Emitter& e, double v) {
   for (int precision = 6; precision <= 17; ++precision) {

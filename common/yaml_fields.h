@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/multi_line_text.h"
 
 namespace flashdraft {
 
@@ -63,6 +64,7 @@ inline std::string TypeName(const uint64_t*) { return "a non-negative integer"; 
 inline std::string TypeName(const double*) { return "a number"; }
 inline std::string TypeName(const bool*) { return "true or false"; }
 inline std::string TypeName(const std::string*) { return "a string"; }
+inline std::string TypeName(const MultiLineText*) { return "a string"; }
 inline std::string TypeName(const std::vector<int>*) { return "a list of integers"; }
 
 bool DecodeIntList(const YAML::Node& node, std::vector<int>& out);
@@ -72,7 +74,7 @@ template <typename T>
 bool Decode(const YAML::Node& node, T& out) {
   if constexpr (std::is_same_v<T, std::vector<int>>) {
     return DecodeIntList(node, out);
-  } else if constexpr (std::is_same_v<T, std::string>) {
+  } else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, MultiLineText>) {
     return DecodeString(node, out);
   } else {
     if (!node.IsScalar()) return false;
@@ -88,6 +90,9 @@ bool Decode(const YAML::Node& node, T& out) {
 // return in one also printed back as YAML that read as another value.)
 absl::Status CheckOneLine(const std::string& value, const std::string& source,
                           const std::string& path);
+// A MultiLineText: printable text, newlines and tabs.
+absl::Status CheckText(const std::string& value, const std::string& source,
+                       const std::string& path);
 
 void EmitDouble(YAML::Emitter& e, double v);
 
@@ -99,6 +104,8 @@ void Emit(YAML::Emitter& e, const T& v) {
     e << YAML::EndSeq;
   } else if constexpr (std::is_same_v<T, double>) {
     EmitDouble(e, v);
+  } else if constexpr (std::is_same_v<T, MultiLineText>) {
+    e << static_cast<const std::string&>(v);  // yaml-cpp quotes and escapes a line break
   } else {
     e << v;
   }
@@ -123,6 +130,8 @@ absl::Status ReadValue(const YAML::Node& node, const std::string& source, const 
   }
   if constexpr (std::is_same_v<T, std::string>) {
     if (absl::Status s = yaml_fields_internal::CheckOneLine(value, source, path); !s.ok()) return s;
+  } else if constexpr (std::is_same_v<T, MultiLineText>) {
+    if (absl::Status s = yaml_fields_internal::CheckText(value, source, path); !s.ok()) return s;
   }
   if (check) {
     if (std::optional<std::string> why = check(value)) {

@@ -18,8 +18,10 @@ absl::StatusOr<CheckpointPipeline::Evaluator> MakeEvaluator(const JobConfig& job
   };
   auto state = std::make_shared<State>();
   FD_ASSIGN_OR_RETURN(state->target, TargetModel::Load(job.target.path));
-  FD_ASSIGN_OR_RETURN(state->prompts, LoadEvalPrompts(job.eval.prompts, job.eval.limit,
-                                                      job.target.path, *state->target));
+  FD_ASSIGN_OR_RETURN(
+      state->prompts,
+      LoadEvalPrompts(job.eval.prompts, job.eval.limit, job.target.path, *state->target,
+                      ChatRenderOptions{job.data.enable_thinking, job.data.system_prompt}));
   state->options.max_new_tokens = job.eval.max_new_tokens;
   state->options.block_size = job.eval.block_size;
   state->options.stop_ids = state->prompts.stop_ids;

@@ -69,6 +69,8 @@ StepDriver::State StepDriver::Regenerate() {
     w.set_line(static_cast<uint64_t>(l.line_no));
     w.set_text(std::move(l.text));
     w.set_max_new_tokens(static_cast<uint32_t>(replies.max_new_tokens()));
+    w.set_disable_thinking(!replies.chat_options().enable_thinking);
+    w.set_system_prompt(replies.chat_options().system_prompt);
   }
   bool waited = false;
   result_ = AwaitFeeders(&waited);

@@ -362,9 +362,11 @@ void FeederProcess::Compute() {
 absl::StatusOr<v1::RegeneratedLine> FeederProcess::RegenerateLine(
     std::unique_ptr<ChatLineReader>& reader, const v1::RegenerateWork& work) {
   const std::string tokenizer = o_.target_path + "/tokenizer.json";
-  if (reader == nullptr) {  // every line of a job has the job's max_new_tokens
+  if (reader == nullptr) {  // every line of a job has the job's max_new_tokens and chat options
     reader = std::make_unique<ChatLineReader>(
-        ChatDataOptions{o_.target_path, tokenizer, work.max_new_tokens()}, features_->model());
+        ChatDataOptions{o_.target_path, tokenizer, work.max_new_tokens(),
+                        ChatRenderOptions{!work.disable_thinking(), work.system_prompt()}},
+        features_->model());
   }
   std::vector<int64_t> ids, mask;
   bool is_chat = false;

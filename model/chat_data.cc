@@ -38,10 +38,8 @@ absl::Status ChatLineReader::Regenerate(const Tokenizer& tokenizer,
                                       tokenizer.TokenToId("<|endoftext|>").value_or(-1)};
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i].role != "assistant") continue;
-    ChatTemplateOptions o;
-    o.add_generation_prompt = true;
     FD_ASSIGN_OR_RETURN(RenderedChat prompt,
-                        RenderQwen3Chat({messages.begin(), messages.begin() + i}, o));
+                        RenderChatPrompt({messages.begin(), messages.begin() + i}, options.chat));
     const std::vector<int32_t> ids = tokenizer.Encode(prompt.text);
     FD_ASSIGN_OR_RETURN(std::vector<int64_t> answer, GreedyGenerate(model, {ids.begin(), ids.end()},
                                                                     options.max_new_tokens, stops));
@@ -66,8 +64,9 @@ absl::Status ChatLineReader::Parse(const std::string& line, int64_t vocab, bool 
   mask = std::move(parsed.loss_mask);
   if (!parsed.is_chat) return absl::OkStatus();
   FD_ASSIGN_OR_RETURN(const Tokenizer* tokenizer, GetTokenizer());
+  ApplyChatOptions(options.chat, parsed.messages);
   if (regenerate) FD_RETURN_IF_ERROR(Regenerate(*tokenizer, parsed.messages));
-  FD_ASSIGN_OR_RETURN(RenderedChat rendered, RenderQwen3Chat(parsed.messages));
+  FD_ASSIGN_OR_RETURN(RenderedChat rendered, RenderTrainingChat(parsed.messages, options.chat));
   TokenizedChat tokens = TokenizeChat(*tokenizer, rendered);
   for (size_t k = 0; k < tokens.input_ids.size(); ++k) {
     if (tokens.input_ids[k] >= vocab) {
@@ -94,14 +93,13 @@ absl::StatusOr<std::vector<int64_t>> ChatLineReader::Prompt(const std::string& l
     return ids;
   }
   FD_ASSIGN_OR_RETURN(const Tokenizer* tokenizer, GetTokenizer());
+  ApplyChatOptions(options.chat, parsed.messages);
   size_t turns = 0;
   while (turns < parsed.messages.size() && parsed.messages[turns].role != "assistant") ++turns;
   if (turns == 0) return absl::InvalidArgumentError("the chat starts with an assistant turn");
-  ChatTemplateOptions o;
-  o.add_generation_prompt = true;
   FD_ASSIGN_OR_RETURN(
       RenderedChat prompt,
-      RenderQwen3Chat({parsed.messages.begin(), parsed.messages.begin() + turns}, o));
+      RenderChatPrompt({parsed.messages.begin(), parsed.messages.begin() + turns}, options.chat));
   for (int32_t id : tokenizer->Encode(prompt.text)) {
     if (id >= vocab) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -22,6 +22,7 @@ struct ChatDataOptions {
   std::string target;     // Hugging Face folder (its tokenizer.json is the default tokenizer)
   std::string tokenizer;  // tokenizer.json; empty: <target>/tokenizer.json
   int64_t max_new_tokens = 512;  // per regenerated assistant turn
+  ChatRenderOptions chat;        // thinking mode and system prompt, alike for all three uses
 };
 
 class ChatLineReader {

@@ -106,11 +106,12 @@ absl::StatusOr<Drafter> LoadDrafterForTarget(const std::string& dir, const Targe
 
 absl::StatusOr<EvalPrompts> LoadEvalPrompts(const std::string& path, int64_t limit,
                                             const std::string& target_dir,
-                                            const TargetModel& target) {
+                                            const TargetModel& target,
+                                            const ChatRenderOptions& chat) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   EvalPrompts out;
-  ChatLineReader reader({target_dir, "", 1}, target);
+  ChatLineReader reader({target_dir, "", 1, chat}, target);
   std::string line;
   for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/chat_template.h"
 #include "common/tokenizer.h"
 #include "model/drafter.h"
 #include "model/target_model.h"
@@ -113,9 +114,11 @@ struct EvalPrompts {
   std::unique_ptr<Tokenizer> tokenizer;  // the target's; null without a tokenizer.json
 };
 // The first `limit` prompts (0: all); errors name the file and line.
+// `chat`: how chats become prompts (a job's data.enable_thinking and data.system_prompt).
 absl::StatusOr<EvalPrompts> LoadEvalPrompts(const std::string& path, int64_t limit,
                                             const std::string& target_dir,
-                                            const TargetModel& target);
+                                            const TargetModel& target,
+                                            const ChatRenderOptions& chat);
 
 // The drafter's target_layer_ids select the target features it reads.
 absl::StatusOr<SpeculativeResult> SpeculativeGenerate(const TargetModel& target,

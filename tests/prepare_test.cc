@@ -176,6 +176,34 @@ TEST(PrepareTest, ChatLinesAreRenderedTokenizedAndRegenerated) {
   }
   EXPECT_EQ((*tokenizer)->Decode(masked), "<think>\n\n</think>\n\nhello there<|im_end|>");
 
+  // The job's chat options: a system turn for chats without one, and without thinking the empty
+  // think block is the prompt's (the server writes it), not the drafter's.
+  auto options =
+      RunCommand(base + " --out " + dir.Join("options") +
+                 " --skip-bad-lines --enable-thinking false --system-prompt 'Be brief.'");
+  ASSERT_EQ(options.exit_code, 0) << options.output;
+  const ChatRenderOptions brief{false, "Be brief."};
+  std::vector<ChatMessage> messages = {{"user", "hello", {}}, {"assistant", "hello there", {}}};
+  ApplyChatOptions(brief, messages);
+  auto with_options = RenderTrainingChat(messages, brief);
+  ASSERT_TRUE(with_options.ok());
+  const TokenizedChat want_options = TokenizeChat(**tokenizer, *with_options);
+  auto options_shard = SafetensorsFile::Open(dir.Join("options/shard-00000.safetensors"));
+  ASSERT_TRUE(options_shard.ok()) << options_shard.status();
+  std::vector<int32_t> options_masked;
+  for (size_t k = 0; k < want_options.input_ids.size(); ++k) {
+    int64_t id;
+    std::memcpy(&id, (*options_shard)->Get("input_ids")->data + 8 * k, 8);
+    EXPECT_EQ(id, want_options.input_ids[k]) << k;
+    const TensorView options_mask = *(*options_shard)->Get("loss_mask");
+    if (options_mask.data[k * ElementSize(options_mask.dtype)] != 0) {
+      options_masked.push_back(static_cast<int32_t>(id));
+    }
+  }
+  EXPECT_EQ((*tokenizer)->Decode(options_masked), "hello there<|im_end|>");
+  EXPECT_EQ((*tokenizer)->Decode(want_options.input_ids).rfind("<|im_start|>system\nBe brief.", 0),
+            0u);
+
   // --regenerate: the answers are the (random) target's own, at most 3 tokens each.
   auto regen = RunCommand(base + " --out " + dir.Join("regen") +
                           " --skip-bad-lines --regenerate --max-new-tokens 3");

@@ -12,6 +12,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/chat_line.h"
+#include "common/chat_template.h"
 #include "common/file_util.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
@@ -235,6 +237,37 @@ eval: {every_steps: 6, prompts: )",
   EXPECT_EQ(report["acceptance_per_position"].size(), 7u);
   EXPECT_GT(report["acceptance_per_position"][0].get<double>(), 0);
   EXPECT_GT(report["speculative"]["tokens_per_second"].get<double>(), 0);
+  // The prompts rendered with the job's chat options: the system turn added and, without thinking,
+  // the empty think block the server writes, token for token as the template renders them.
+  auto tokenizer = Tokenizer::FromFile(dir.Join("tiny/tokenizer.json"));
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  std::ifstream prompts(dir.Join("chats.jsonl"));
+  std::string first_line;
+  ASSERT_TRUE(std::getline(prompts, first_line));
+  auto prompt_tokens = [&](const ChatRenderOptions& options) -> size_t {
+    auto chat = ParseChatLine(first_line, 1 << 30);
+    EXPECT_TRUE(chat.ok() && chat->is_chat) << chat.status();
+    if (!chat.ok()) return 0;
+    ApplyChatOptions(options, chat->messages);
+    auto turns = chat->messages.begin();
+    while (turns != chat->messages.end() && turns->role != "assistant") ++turns;
+    auto rendered = RenderChatPrompt({chat->messages.begin(), turns}, options);
+    EXPECT_TRUE(rendered.ok()) << rendered.status();
+    return rendered.ok() ? (*tokenizer)->Encode(rendered->text).size() : 0;
+  };
+  EXPECT_EQ(report["per_prompt"][0]["prompt_tokens"], prompt_tokens({}));
+  EXPECT_EQ(report["enable_thinking"], true);
+  const ChatRenderOptions brief{false, "Answer briefly."};
+  auto with_options = RunCommand(
+      eval + " --enable-thinking false --system-prompt 'Answer briefly.' --json 2>/dev/null");
+  ASSERT_EQ(with_options.exit_code, 0) << with_options.output;
+  const nlohmann::json options_report = nlohmann::json::parse(with_options.output, nullptr, false);
+  ASSERT_TRUE(options_report.is_object()) << with_options.output;
+  EXPECT_EQ(options_report["enable_thinking"], false);
+  EXPECT_EQ(options_report["system_prompt"], "Answer briefly.");
+  EXPECT_EQ(options_report["lossless"], true);
+  EXPECT_EQ(options_report["per_prompt"][0]["prompt_tokens"], prompt_tokens(brief));
+  EXPECT_GT(prompt_tokens(brief), prompt_tokens({}) + 4);
   auto table = RunCommand(eval + " --block-size 4");
   ASSERT_EQ(table.exit_code, 0) << table.output;
   EXPECT_THAT(table.output, HasSubstr("acceptance by block position:  1: "));
@@ -271,12 +304,16 @@ eval: {every_steps: 6, prompts: )",
 
 // data.regenerate: the target's replies are kept in the job's output folder; a job that starts
 // with them there reads them instead of regenerating (the same bits), and a changed data file
-// starts them over.
+// starts them over. data.enable_thinking and data.system_prompt apply alike whether the
+// coordinator or a feeder regenerates (the options travel with each line), and replies kept under
+// other options are not read.
 TEST(OnlineTargetTest, RegeneratedRepliesAreKeptForTheNextStart) {
   TempDir dir;
+  // Trained long enough that its answers are not all an immediate <|im_end|>: the drafters train
+  // on loss tokens, so that comparing them means something.
   auto made =
       RunCommand(absl::StrCat(kCli, " make-tiny-target --out ", dir.Join("tiny"),
-                              " --steps 40 --merges 128 --hidden 64 --layers 2 && head -n 12 ",
+                              " --steps 150 --merges 128 --hidden 64 --layers 2 && head -n 12 ",
                               dir.Join("tiny/chats.jsonl"), " >", dir.Join("chats.jsonl")));
   ASSERT_EQ(made.exit_code, 0) << made.output;
   ASSERT_TRUE(WriteFileAtomically(dir.Join("job.yaml"),
@@ -295,6 +332,11 @@ TEST(OnlineTargetTest, RegeneratedRepliesAreKeptForTheNextStart) {
   };
   auto first = launch("a");
   ASSERT_EQ(first.exit_code, 0) << first.output;
+  for (const auto& step : ::flashdraft::testing::ReadSteps(dir.Join("a/steps.jsonl"))) {
+    if (step.contains("loss")) {
+      EXPECT_GT(step["tokens"].get<int64_t>(), 0) << step.dump();
+    }
+  }
   EXPECT_THAT(first.output, ::testing::Not(HasSubstr("not regenerated again")));
   const std::string kept = dir.Join("a/regenerated-replies.bin");
   ASSERT_TRUE(std::filesystem::exists(kept)) << first.output;
@@ -320,6 +362,29 @@ TEST(OnlineTargetTest, RegeneratedRepliesAreKeptForTheNextStart) {
   EXPECT_THAT(read_back.output, HasSubstr("12 line(s) read from"));
   EXPECT_TRUE(*ReadFile(dir.Join("a/drafter/model.safetensors")) ==
               *ReadFile(dir.Join("e/drafter/model.safetensors")));
+  // The chat options, here and on a feeder: the same drafter, another than the defaults give.
+  const std::string options =
+      "--set data.enable_thinking=false --set 'data.system_prompt=Answer briefly.'";
+  auto here = launch("here", options);
+  ASSERT_EQ(here.exit_code, 0) << here.output;
+  auto fed_options = launch("fed", options + " --feeders 1");
+  ASSERT_EQ(fed_options.exit_code, 0) << fed_options.output;
+  EXPECT_THAT(fed_options.output, HasSubstr("the feeders regenerate the replies of 12 line(s)"));
+  EXPECT_TRUE(*ReadFile(dir.Join("here/drafter/model.safetensors")) ==
+              *ReadFile(dir.Join("fed/drafter/model.safetensors")));
+  EXPECT_FALSE(*ReadFile(dir.Join("a/drafter/model.safetensors")) ==
+               *ReadFile(dir.Join("here/drafter/model.safetensors")));
+  // Their kept replies name the options, and a job with the defaults regenerates its own.
+  EXPECT_THAT(*ReadFile(dir.Join("here/regenerated-replies.bin")),
+              HasSubstr("; thinking off; system prompt "));
+  std::filesystem::create_directories(dir.Join("f"));
+  std::filesystem::copy_file(dir.Join("here/regenerated-replies.bin"),
+                             dir.Join("f/regenerated-replies.bin"));
+  auto defaults = launch("f");
+  ASSERT_EQ(defaults.exit_code, 0) << defaults.output;
+  EXPECT_THAT(defaults.output, HasSubstr("made for another target, data file or settings"));
+  EXPECT_TRUE(*ReadFile(dir.Join("a/drafter/model.safetensors")) ==
+              *ReadFile(dir.Join("f/drafter/model.safetensors")));
   // Another data file: the kept replies are not used.
   const std::string chats = *ReadFile(dir.Join("chats.jsonl"));
   ASSERT_TRUE(

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/chat_template.h"
 #include "common/dtype.h"
 
 namespace flashdraft {
@@ -56,7 +57,9 @@ class DeferredReplies {
   // The lines still to regenerate, in file order, their texts handed over (the data set's text is
   // held once): asked for once.
   virtual std::vector<Line> TakePending() = 0;
+  // How they are regenerated: the job's data.max_new_tokens, and its chat options.
   virtual int64_t max_new_tokens() const = 0;
+  virtual const ChatRenderOptions& chat_options() const = 0;
   // A feeder's answer for pending line `line_no`: checked (ids of the vocabulary, a 0/1 mask of
   // the same length; an error says what is wrong), truncated to the job's max_seq_len, kept in
   // the job's regenerated replies and made the line's sample.

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/chat_template.h"
 
 namespace flashdraft {
 
@@ -70,9 +71,9 @@ absl::StatusOr<uint32_t> FileCrc32c(const std::string& path, uint64_t* bytes = n
 // `target` names the model and where it runs (its fingerprint, device, dtype); the target folder's
 // weight files count by name, size and modification time (another checkpoint of the same layout is
 // another key; reading gigabytes of weights only to key a cache is not worth it), the data file and
-// the tokenizer by size and CRC-32C.
+// the tokenizer by size and CRC-32C, the chat options as ChatOptionsKey says them.
 std::string RegenerationKey(const std::string& target, const std::string& target_dir,
                             const std::string& data_path, int64_t max_new_tokens,
-                            const std::string& tokenizer);
+                            const std::string& tokenizer, const ChatRenderOptions& chat);
 
 }  // namespace flashdraft

@@ -12,6 +12,7 @@ namespace flashdraft {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(RegenerationCacheTest, RecordsSurviveReopeningAndAnotherKeyStartsOver) {
   testing::TempDir dir;
@@ -83,19 +84,27 @@ TEST(RegenerationCacheTest, AnInterruptedOrCorruptRecordEndsWhatIsRead) {
   EXPECT_EQ((*bad)->size(), 0u);
 }
 
-TEST(RegenerationCacheTest, TheKeyFollowsTheTargetItsWeightsTheDataAndTheTokenizer) {
+TEST(RegenerationCacheTest, TheKeyFollowsTheTargetItsWeightsTheDataTheTokenizerAndTheChatOptions) {
   testing::TempDir dir;
   ASSERT_TRUE(WriteFileAtomically(dir.Join("a.jsonl"), "{\"text\": \"x\"}\n").ok());
   ASSERT_TRUE(WriteFileAtomically(dir.Join("tokenizer.json"), "{}").ok());
   ASSERT_TRUE(WriteFileAtomically(dir.Join("model.safetensors"), "weights").ok());
-  auto key = [&](const std::string& target, int64_t max_new_tokens) {
+  auto key = [&](const std::string& target, int64_t max_new_tokens,
+                 const ChatRenderOptions& chat = {}) {
     return RegenerationKey(target, dir.path(), dir.Join("a.jsonl"), max_new_tokens,
-                           dir.Join("tokenizer.json"));
+                           dir.Join("tokenizer.json"), chat);
   };
   const std::string a = key("t on cpu", 64);
   EXPECT_EQ(a, key("t on cpu", 64));
   EXPECT_NE(a, key("t on cpu", 65));
   EXPECT_NE(a, key("t on cuda", 64));
+  // The chat options: the defaults add nothing (keys written before them stay valid).
+  EXPECT_THAT(a, Not(HasSubstr("thinking")));
+  const std::string no_thinking = key("t on cpu", 64, {false, ""});
+  const std::string system = key("t on cpu", 64, {true, "Be brief."});
+  EXPECT_NE(a, no_thinking);
+  EXPECT_NE(a, system);
+  EXPECT_NE(no_thinking, system);
   ASSERT_TRUE(WriteFileAtomically(dir.Join("tokenizer.json"), "{ }").ok());
   const std::string b = key("t on cpu", 64);
   EXPECT_NE(a, b);

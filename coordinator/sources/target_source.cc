@@ -42,7 +42,7 @@ absl::StatusOr<std::unique_ptr<RegenerationCache>> TargetModelSource::OpenRegene
   const std::string key = RegenerationKey(
       absl::StrCat(fingerprint.config_sha256, "/", fingerprint.tensors_sha256, " on ",
                    o.target.device, " in ", DTypeName(o.target.feature_dtype)),
-      o.target.target_dir, o.data_jsonl, o.max_new_tokens, TokenizerPath());
+      o.target.target_dir, o.data_jsonl, o.max_new_tokens, TokenizerPath(), o.chat);
   absl::StatusOr<std::unique_ptr<RegenerationCache>> cache =
       RegenerationCache::Open(o.regeneration_cache, key);
   if (!cache.ok()) {  // only an optimisation: the replies are regenerated
@@ -146,7 +146,8 @@ absl::Status TargetModelSource::Tokenize() {
           o.regenerate && !o.defer_regeneration ? "tokenizing and regenerating " : "tokenizing ",
           o.data_jsonl),
       bytes, "B");
-  ChatLineReader reader({o.target.target_dir, o.tokenizer, o.max_new_tokens}, features_->model());
+  ChatLineReader reader({o.target.target_dir, o.tokenizer, o.max_new_tokens, o.chat},
+                        features_->model());
   std::string line;
   int64_t line_no = 0;
   std::vector<int64_t> ids, mask;
@@ -287,6 +288,7 @@ absl::StatusOr<SourceBundle> OpenTargetSource(const JobConfig& j) {
   o.data_jsonl = j.data.jsonl;
   o.regenerate = j.data.regenerate;
   o.max_new_tokens = j.data.max_new_tokens;
+  o.chat = {j.data.enable_thinking, j.data.system_prompt};
   o.regeneration_cache = j.output_dir + "/regenerated-replies.bin";
   // With feeders, they compute the features and regenerate the replies: the coordinator loads
   // what the workers fetch (embedding, lm_head) and no decoder layer.

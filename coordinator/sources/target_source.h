@@ -32,6 +32,7 @@ struct TargetSourceOptions {
   std::string tokenizer;    // empty: <target.target_dir>/tokenizer.json
   bool regenerate = false;  // assistant turns become the target's greedy answers at open
   int64_t max_new_tokens = 256;
+  ChatRenderOptions chat;  // data.enable_thinking, data.system_prompt
   // With regenerate: the file the replies are kept in (regeneration_cache.h), so that opening
   // the same job again reads them instead of answering every prompt again. Empty: not kept.
   std::string regeneration_cache;
@@ -62,6 +63,7 @@ class TargetModelSource : public HiddenStateSource, public DeferredReplies {
   std::vector<Line> TakePending() override;
   size_t pending_lines() const { return pending_.size(); }
   int64_t max_new_tokens() const override { return options_.max_new_tokens; }
+  const ChatRenderOptions& chat_options() const override { return options_.chat; }
   absl::Status Complete(int64_t line_no, std::vector<int64_t> ids,
                         std::vector<int64_t> mask) override;
 
