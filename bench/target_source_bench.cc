@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--target") o.target.target_dir = value;
-    if (flag == "--data") o.data_jsonl = value;
+    if (flag == "--data") o.data = {{value, 1.0}};
     if (flag == "--samples") samples = std::stoull(value);
     if (flag == "--layers") {
       for (size_t at = 0; at < value.size();) {

@@ -39,6 +39,20 @@ using JobField = Field<JobConfig>;
   MakeField<type, JobConfig>(        \
       "", #key, [](JobConfig& c) -> type& { return c.key; }, ##__VA_ARGS__)
 
+const std::vector<Field<DataSourceConfig>>& DataSourceFields() {
+  static const std::vector<Field<DataSourceConfig>> fields = {
+      MemberField("jsonl", &DataSourceConfig::jsonl),
+      MemberField("weight", &DataSourceConfig::weight, Between(1e-6, 1e6)),
+  };
+  return fields;
+}
+
+absl::Status FinishDataSource(DataSourceConfig& s, const std::string& source,
+                              const std::string& path) {
+  if (s.jsonl.empty()) return FieldError(source, path + ".jsonl", "must be set");
+  return absl::OkStatus();
+}
+
 const std::vector<JobField>& Fields() {
   static const std::vector<JobField> fields = {
       FD_TOP_FIELD(name, std::string),
@@ -61,6 +75,10 @@ const std::vector<JobField>& Fields() {
       FD_FIELD(data, source, std::string, OneOf({"shards", "target"})),
       FD_FIELD(data, shards_dir, std::string),
       FD_FIELD(data, jsonl, std::string),
+      ListField<DataSourceConfig, JobConfig>(
+          "data", "sources",
+          [](JobConfig& c) -> std::vector<DataSourceConfig>& { return c.data.sources; },
+          &DataSourceFields, &FinishDataSource),
       FD_FIELD(data, max_seq_len, int, Between(2, 1 << 20)),
       FD_FIELD(data, prefetch_steps, int, Between(1, 1024)),
       FD_FIELD(data, regenerate, bool),
@@ -262,9 +280,21 @@ absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
     if (c.target.path.empty()) {
       return Invalid(source, "target.path", "must be set when data.source is 'target'");
     }
-    if (c.data.jsonl.empty()) {
-      return Invalid(source, "data.jsonl", "must be set when data.source is 'target'");
+    if (c.data.jsonl.empty() && c.data.sources.empty()) {
+      return Invalid(source, "data.jsonl",
+                     "or data.sources must be set when data.source is 'target'");
     }
+  }
+  if (!c.data.jsonl.empty() && !c.data.sources.empty()) {
+    return Invalid(source, "data.sources",
+                   absl::StrCat("and data.jsonl (", c.data.jsonl,
+                                ") are both set: give one file as data.jsonl or a mix as "
+                                "data.sources (with weight 1 for that file)"));
+  }
+  if (!c.data.sources.empty() && c.data.source != "target") {
+    return Invalid(
+        source, "data.sources",
+        absl::StrCat("is a mix of chat files for data.source 'target', not '", c.data.source, "'"));
   }
   if (c.security.tls_cert.empty() != c.security.tls_key.empty()) {
     return Invalid(source, c.security.tls_cert.empty() ? "security.tls_cert" : "security.tls_key",
@@ -373,6 +403,7 @@ std::string JobFingerprint(const JobConfig& c) {
     leave_out.insert("data.enable_thinking");
   }
   if (c.data.system_prompt.empty()) leave_out.insert("data.system_prompt");
+  if (c.data.sources.empty()) leave_out.insert("data.sources");
   const std::string yaml = EmitJobYaml(same, leave_out);
   return absl::StrFormat("%08x", Crc32c(yaml.data(), yaml.size()));
 }

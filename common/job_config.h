@@ -45,12 +45,21 @@ struct DrafterConfig {
   std::string init_from;
 };
 
+// One file of a data mix (data.sources).
+struct DataSourceConfig {
+  std::string jsonl;
+  // How many times each of its lines is a sample in an epoch: 2 twice, 0.5 half of its lines
+  // (the same half all job long, chosen by train.seed).
+  double weight = 1.0;
+};
+
 struct DataConfig {
   // "shards" (offline safetensors shards) or "target" (hidden states computed online).
   std::string source = "shards";
   std::string shards_dir;
-  // Chat data (JSONL) for the online source.
+  // Chat data (JSONL) for the online source: one file, or a weighted mix of several (not both).
   std::string jsonl;
+  std::vector<DataSourceConfig> sources;
   int max_seq_len = 3072;
   // Number of samples the source keeps ready ahead of the scheduler.
   int prefetch_steps = 2;

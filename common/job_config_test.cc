@@ -126,6 +126,66 @@ TEST(JobConfigTest, AMultiLineSystemPromptReadsBackAsWritten) {
   EXPECT_EQ(JobFingerprint(*again), JobFingerprint(*config));
 }
 
+TEST(JobConfigTest, ADataMixReadsBackAndIsPartOfTheRun) {
+  constexpr const char* kMix = R"(
+target: {path: /m}
+data:
+  source: target
+  sources:
+    - {jsonl: /data/chat.jsonl, weight: 2}
+    - jsonl: /data/code.jsonl
+)";
+  auto config = ParseJobConfig(kMix, "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_EQ(config->data.sources.size(), 2u);
+  EXPECT_EQ(config->data.sources[0].jsonl, "/data/chat.jsonl");
+  EXPECT_EQ(config->data.sources[0].weight, 2.0);
+  EXPECT_EQ(config->data.sources[1].weight, 1.0);
+  auto again = ParseJobConfig(JobConfigToYaml(*config), "round-trip");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << JobConfigToYaml(*config);
+  ASSERT_EQ(again->data.sources.size(), 2u);
+  EXPECT_EQ(again->data.sources[1].jsonl, "/data/code.jsonl");
+  EXPECT_EQ(JobFingerprint(*again), JobFingerprint(*config));
+  JobConfig lighter = *config;
+  lighter.data.sources[0].weight = 1.5;
+  EXPECT_NE(JobFingerprint(lighter), JobFingerprint(*config));
+  // Through --set too.
+  JobConfig single = *config;
+  single.data.sources.clear();
+  single.data.jsonl = "/data/chat.jsonl";
+  EXPECT_NE(JobFingerprint(single), JobFingerprint(*config));
+  ASSERT_TRUE(
+      ApplyOverrides(single, {"data.jsonl=''", "data.sources=[{jsonl: /a.jsonl, weight: 0.5}]"})
+          .ok());
+  ASSERT_EQ(single.data.sources.size(), 1u);
+  EXPECT_EQ(single.data.sources[0].weight, 0.5);
+}
+
+TEST(JobConfigTest, ABadDataMixIsNamed) {
+  const std::string target = "target: {path: /m}\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {target + "data: {source: target, jsonl: /a, sources: [{jsonl: /b}]}\n",
+       "field 'data.sources' and data.jsonl (/a) are both set"},
+      {target + "data: {source: target, sources: [{weight: 2}]}\n",
+       "field 'data.sources[0].jsonl' must be set"},
+      {target + "data: {source: target, sources: [{jsonl: /b, weight: 0}]}\n",
+       "field 'data.sources[0].weight' = 0 must be in [1e-06, 1e+06]"},
+      {target + "data: {source: target, sources: [{jsonl: /b, wieght: 2}]}\n",
+       "unknown field 'data.sources[0].wieght' (known: jsonl, weight)"},
+      {target + "data: {source: target, sources: {jsonl: /b}}\n",
+       "field 'data.sources' must be a list"},
+      {"data: {shards_dir: /s, sources: [{jsonl: /b}]}\n",
+       "field 'data.sources' is a mix of chat files for data.source 'target', not 'shards'"},
+      {target + "data: {source: target}\n",
+       "field 'data.jsonl' or data.sources must be set when data.source is 'target'"},
+  };
+  for (const auto& [yaml, error] : cases) {
+    auto config = ParseJobConfig(yaml, "job.yaml");
+    ASSERT_FALSE(config.ok()) << yaml;
+    EXPECT_THAT(std::string(config.status().message()), HasSubstr(error)) << yaml;
+  }
+}
+
 TEST(JobConfigTest, YamlRoundTrip) {
   auto config = LoadJobConfig(FLASHDRAFT_SOURCE_DIR "/deploy/examples/job.yaml");
   ASSERT_TRUE(config.ok());

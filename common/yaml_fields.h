@@ -227,19 +227,22 @@ absl::Status ReadMapping(const YAML::Node& map, const std::vector<Field<Config>>
   return absl::OkStatus();
 }
 
+template <typename Item>
+using ItemFinish =
+    std::function<absl::Status(Item&, const std::string& source, const std::string& path)>;
+
 // A field holding a list of mappings, each read with `item_fields()` and then `finish` (defaults
-// and checks across its fields; may be null).
+// and checks across its fields; may be null), and written back as a list of flow mappings.
 template <typename Item, typename Config>
-Field<Config> MemberListField(
-    std::string key, std::vector<Item> Config::*member,
-    const std::vector<Field<Item>>& (*item_fields)(),
-    std::function<absl::Status(Item&, const std::string& source, const std::string& path)> finish =
-        nullptr) {
+Field<Config> ListField(std::string section, std::string key,
+                        std::function<std::vector<Item>&(Config&)> ref,
+                        const std::vector<Field<Item>>& (*item_fields)(),
+                        ItemFinish<Item> finish = nullptr) {
   Field<Config> f;
+  f.section = std::move(section);
   f.key = std::move(key);
-  f.set = [member, item_fields, finish](Config& c, const YAML::Node& node,
-                                        const std::string& source,
-                                        const std::string& path) -> absl::Status {
+  f.set = [ref, item_fields, finish](Config& c, const YAML::Node& node, const std::string& source,
+                                     const std::string& path) -> absl::Status {
     if (!node.IsSequence()) return FieldError(source, path, "must be a list");
     std::vector<Item> items;
     for (size_t i = 0; i < node.size(); ++i) {
@@ -253,10 +256,32 @@ Field<Config> MemberListField(
       }
       items.push_back(std::move(item));
     }
-    c.*member = std::move(items);
+    ref(c) = std::move(items);
     return absl::OkStatus();
   };
+  f.emit = [ref, item_fields](const Config& c, YAML::Emitter& e) {
+    e << YAML::BeginSeq;
+    for (const Item& item : ref(const_cast<Config&>(c))) {
+      e << YAML::Flow << YAML::BeginMap;
+      for (const Field<Item>& field : item_fields()) {
+        e << YAML::Key << field.key << YAML::Value;
+        field.emit(item, e);
+      }
+      e << YAML::EndMap;
+    }
+    e << YAML::EndSeq;
+  };
   return f;
+}
+
+// A top-level ListField that is a member of the Config (`&PveCluster::containers`).
+template <typename Item, typename Config>
+Field<Config> MemberListField(std::string key, std::vector<Item> Config::*member,
+                              const std::vector<Field<Item>>& (*item_fields)(),
+                              ItemFinish<Item> finish = nullptr) {
+  return ListField<Item, Config>(
+      "", std::move(key), [member](Config& c) -> std::vector<Item>& { return c.*member; },
+      item_fields, std::move(finish));
 }
 
 }  // namespace flashdraft

@@ -109,6 +109,57 @@ TEST(TinyTargetTest, TrainsIsReadByTheReferenceIsCachedAndPrepares) {
   }
 }
 
+// data.sources: a file of weight 1 is the same job as data.jsonl, to the bit; weights repeat a
+// file's lines (2) or keep a seeded share of them (0.5).
+TEST(OnlineTargetTest, ADataMixWeighsItsFiles) {
+  TempDir dir;
+  auto made = RunCommand(
+      absl::StrCat(kCli, " make-tiny-target --out ", dir.Join("tiny"),
+                   " --steps 40 --merges 128 --hidden 64 --layers 2 && head -n 6 ",
+                   dir.Join("tiny/chats.jsonl"), " >", dir.Join("a.jsonl"), " && sed -n 7,10p ",
+                   dir.Join("tiny/chats.jsonl"), " >", dir.Join("b.jsonl")));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("job.yaml"),
+                                  absl::StrCat("target: {path: ", dir.Join("tiny"),
+                                               ", layer_ids: [0, 1]}\n"
+                                               "drafter: {num_hidden_layers: 1, block_size: 8, "
+                                               "num_target_features: 2, max_anchors: 16}\n"
+                                               "data: {source: target, jsonl: ",
+                                               dir.Join("a.jsonl"),
+                                               "}\ntrain: {max_steps: 3, global_batch_size: 2}\n"))
+                  .ok());
+  auto launch = [&](const std::string& out, const std::string& flags) {
+    return RunCommand(absl::StrCat(kCli, " launch ", dir.Join("job.yaml"), " --workers 1 --out ",
+                                   dir.Join(out), " ", flags, " 2>&1"));
+  };
+  auto drafter = [&](const std::string& out) {
+    return *ReadFile(dir.Join(out + "/drafter/model.safetensors"));
+  };
+  auto one = launch("one", "");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_THAT(one.output, HasSubstr("; 6 samples, 3 steps"));
+  auto as_mix =
+      launch("as-mix", absl::StrCat("--set \"data.jsonl=''\" --set 'data.sources=[{jsonl: ",
+                                    dir.Join("a.jsonl"), "}]'"));
+  ASSERT_EQ(as_mix.exit_code, 0) << as_mix.output;
+  EXPECT_TRUE(drafter("one") == drafter("as-mix"));
+  auto mix = launch(
+      "mix",
+      absl::StrCat("--set \"data.jsonl=''\" --set 'data.sources=[{jsonl: ", dir.Join("a.jsonl"),
+                   ", weight: 2}, {jsonl: ", dir.Join("b.jsonl"), ", weight: 0.5}]'"));
+  ASSERT_EQ(mix.exit_code, 0) << mix.output;
+  EXPECT_THAT(mix.output, HasSubstr("a.jsonl: lines 1-6 of the mix, 6 sample(s), weight 2"));
+  EXPECT_THAT(mix.output, HasSubstr("b.jsonl: lines 7-10 of the mix, 4 sample(s), weight 0.5"));
+  EXPECT_THAT(mix.output, HasSubstr("; 14 samples, 3 steps"));  // 2 x 6 + 0.5 x 4
+  EXPECT_FALSE(drafter("one") == drafter("mix"));
+  // A file that is not there is named.
+  auto missing = launch(
+      "missing", absl::StrCat("--set \"data.jsonl=''\" --set 'data.sources=[{jsonl: ",
+                              dir.Join("a.jsonl"), "}, {jsonl: ", dir.Join("none.jsonl"), "}]'"));
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_THAT(missing.output, HasSubstr("none.jsonl: cannot open"));
+}
+
 }  // namespace
 }  // namespace flashdraft
 

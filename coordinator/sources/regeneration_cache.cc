@@ -80,11 +80,14 @@ absl::StatusOr<uint32_t> FileCrc32c(const std::string& path, uint64_t* bytes) {
 }
 
 std::string RegenerationKey(const std::string& target, const std::string& target_dir,
-                            const std::string& data_path, int64_t max_new_tokens,
+                            const std::vector<std::string>& data_paths, int64_t max_new_tokens,
                             const std::string& tokenizer, const ChatRenderOptions& chat) {
-  return absl::StrCat("target ", target, "; weights ", WeightFiles(target_dir), "; data ",
-                      FileCrc(data_path), "; max_new_tokens ", max_new_tokens, "; tokenizer ",
-                      FileCrc(tokenizer), ChatOptionsKey(chat));
+  return absl::StrCat(
+      "target ", target, "; weights ", WeightFiles(target_dir), "; data ",
+      absl::StrJoin(data_paths, "; then ",
+                    [](std::string* out, const std::string& path) { out->append(FileCrc(path)); }),
+      "; max_new_tokens ", max_new_tokens, "; tokenizer ", FileCrc(tokenizer),
+      ChatOptionsKey(chat));
 }
 
 absl::StatusOr<std::unique_ptr<RegenerationCache>> RegenerationCache::Open(const std::string& path,

@@ -71,9 +71,10 @@ absl::StatusOr<uint32_t> FileCrc32c(const std::string& path, uint64_t* bytes = n
 // `target` names the model and where it runs (its fingerprint, device, dtype); the target folder's
 // weight files count by name, size and modification time (another checkpoint of the same layout is
 // another key; reading gigabytes of weights only to key a cache is not worth it), the data file and
-// the tokenizer by size and CRC-32C, the chat options as ChatOptionsKey says them.
+// the tokenizer by size and CRC-32C (the data files in order: a line's number counts through them),
+// the chat options as ChatOptionsKey says them.
 std::string RegenerationKey(const std::string& target, const std::string& target_dir,
-                            const std::string& data_path, int64_t max_new_tokens,
+                            const std::vector<std::string>& data_paths, int64_t max_new_tokens,
                             const std::string& tokenizer, const ChatRenderOptions& chat);
 
 }  // namespace flashdraft

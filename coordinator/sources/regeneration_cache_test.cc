@@ -91,7 +91,7 @@ TEST(RegenerationCacheTest, TheKeyFollowsTheTargetItsWeightsTheDataTheTokenizerA
   ASSERT_TRUE(WriteFileAtomically(dir.Join("model.safetensors"), "weights").ok());
   auto key = [&](const std::string& target, int64_t max_new_tokens,
                  const ChatRenderOptions& chat = {}) {
-    return RegenerationKey(target, dir.path(), dir.Join("a.jsonl"), max_new_tokens,
+    return RegenerationKey(target, dir.path(), {dir.Join("a.jsonl")}, max_new_tokens,
                            dir.Join("tokenizer.json"), chat);
   };
   const std::string a = key("t on cpu", 64);
@@ -115,6 +115,15 @@ TEST(RegenerationCacheTest, TheKeyFollowsTheTargetItsWeightsTheDataTheTokenizerA
   ASSERT_TRUE(WriteFileAtomically(dir.Join("model.safetensors"), "other weights").ok());
   EXPECT_NE(c, key("t on cpu", 64));
   EXPECT_THAT(c, HasSubstr("model.safetensors 7 "));
+  // A mix of files: their order counts (a line's number counts through them).
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("b.jsonl"), "{\"text\": \"z\"}\n").ok());
+  auto mix = [&](const std::vector<std::string>& files) {
+    return RegenerationKey("t", dir.path(), files, 64, dir.Join("tokenizer.json"), {});
+  };
+  const std::string ab = mix({dir.Join("a.jsonl"), dir.Join("b.jsonl")});
+  EXPECT_NE(ab, mix({dir.Join("a.jsonl")}));
+  EXPECT_NE(ab, mix({dir.Join("b.jsonl"), dir.Join("a.jsonl")}));
+  EXPECT_EQ(ab, mix({dir.Join("a.jsonl"), dir.Join("b.jsonl")}));
 }
 
 }  // namespace

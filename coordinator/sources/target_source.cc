@@ -3,9 +3,12 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <optional>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
@@ -25,8 +28,10 @@ absl::StatusOr<std::unique_ptr<TargetModelSource>> TargetModelSource::Open(
   FD_ASSIGN_OR_RETURN(s->features_, TargetFeatures::Open(o.target));
   // Tokenize the whole data set now: lengths are needed to plan, and bad lines surface at once.
   FD_RETURN_IF_ERROR(s->Tokenize());
-  if (s->ids_.empty())
-    return absl::InvalidArgumentError(absl::StrCat(o.data_jsonl, ": no samples"));
+  if (s->samples_.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(o.data.size() == 1 ? o.data[0].jsonl : "the data sources", ": no samples"));
+  }
   for (int i = 0; i < std::max(1, o.threads); ++i) {
     s->threads_.emplace_back([p = s.get()] { p->BackgroundLoop(); });
   }
@@ -39,10 +44,12 @@ absl::StatusOr<std::unique_ptr<RegenerationCache>> TargetModelSource::OpenRegene
   if (!o.regenerate || o.regeneration_cache.empty()) return nullptr;
   FD_ASSIGN_OR_RETURN(const TargetFingerprintValue fingerprint,
                       FingerprintTarget(o.target.target_dir));
+  std::vector<std::string> files;
+  for (const DataSourceConfig& d : o.data) files.push_back(d.jsonl);
   const std::string key = RegenerationKey(
       absl::StrCat(fingerprint.config_sha256, "/", fingerprint.tensors_sha256, " on ",
                    o.target.device, " in ", DTypeName(o.target.feature_dtype)),
-      o.target.target_dir, o.data_jsonl, o.max_new_tokens, TokenizerPath(), o.chat);
+      o.target.target_dir, files, o.max_new_tokens, TokenizerPath(), o.chat);
   absl::StatusOr<std::unique_ptr<RegenerationCache>> cache =
       RegenerationCache::Open(o.regeneration_cache, key);
   if (!cache.ok()) {  // only an optimisation: the replies are regenerated
@@ -134,29 +141,55 @@ absl::Status TargetModelSource::Complete(int64_t line_no, std::vector<int64_t> i
 
 absl::Status TargetModelSource::Tokenize() {
   const TargetSourceOptions& o = options_;
-  std::ifstream in(o.data_jsonl);
-  if (!in) return absl::NotFoundError(absl::StrCat(o.data_jsonl, ": cannot open"));
   FD_ASSIGN_OR_RETURN(cache_, OpenRegenerationCache());
+  ChatLineReader reader({o.target.target_dir, o.tokenizer, o.max_new_tokens, o.chat},
+                        features_->model());
+  std::vector<std::pair<uint64_t, uint64_t>> lines;  // each file's, in ids_
+  int64_t line_no = 0;
+  for (size_t k = 0; k < o.data.size(); ++k) {
+    const uint64_t first = ids_.size();
+    FD_ASSIGN_OR_RETURN(const int64_t count, TokenizeFile(o.data[k].jsonl, line_no + 1, reader));
+    if (o.data.size() > 1) {
+      LOG(INFO) << "data.sources[" << k << "] " << o.data[k].jsonl << ": lines " << line_no + 1
+                << "-" << line_no + count << " of the mix, " << ids_.size() - first
+                << " sample(s), weight " << o.data[k].weight;
+    }
+    line_no += count;
+    lines.emplace_back(first, ids_.size());
+  }
+  WeighSamples(lines);
+  if (!pending_.empty()) {
+    LOG(INFO) << pending_.size() << " line(s) to regenerate: the feeders answer them";
+  } else {
+    cache_.reset();  // nothing more to keep
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> TargetModelSource::TokenizeFile(const std::string& path,
+                                                        int64_t first_line_no,
+                                                        ChatLineReader& reader) {
+  const TargetSourceOptions& o = options_;
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   std::error_code size_error;
-  const auto size = std::filesystem::file_size(o.data_jsonl, size_error);
+  const auto size = std::filesystem::file_size(path, size_error);
   const double bytes = size_error ? 0.0 : static_cast<double>(size);
   // Long with data.regenerate (the target answers every prompt): the log tells how far it is.
   Progress progress = Progress::ForLog(
       absl::StrCat(
           o.regenerate && !o.defer_regeneration ? "tokenizing and regenerating " : "tokenizing ",
-          o.data_jsonl),
+          path),
       bytes, "B");
-  ChatLineReader reader({o.target.target_dir, o.tokenizer, o.max_new_tokens, o.chat},
-                        features_->model());
   std::string line;
-  int64_t line_no = 0;
+  int64_t count = 0;
   std::vector<int64_t> ids, mask;
+  const size_t before = ids_.size();
   while (std::getline(in, line)) {
-    ++line_no;
+    ++count;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    if (absl::Status st = ParseLine(reader, line, line_no, ids, mask); !st.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(o.data_jsonl, ":", line_no, ": ", st.message()));
+    if (absl::Status st = ParseLine(reader, line, first_line_no + count - 1, ids, mask); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", count, ": ", st.message()));
     }
     if (static_cast<int64_t>(ids.size()) > o.target.max_seq_len) {
       ids.resize(o.target.max_seq_len);
@@ -166,15 +199,39 @@ absl::Status TargetModelSource::Tokenize() {
     masks_.push_back(mask);
     const std::streamoff at = in.tellg();  // -1 once the last line ended the file
     progress.Update(at < 0 ? bytes : static_cast<double>(at),
-                    absl::StrCat(ids_.size(), " samples"));
+                    absl::StrCat(ids_.size() - before, " samples"));
   }
-  progress.Finish(absl::StrCat(ids_.size(), " samples"), /*always=*/true);
-  if (!pending_.empty()) {
-    LOG(INFO) << pending_.size() << " line(s) to regenerate: the feeders answer them";
-  } else {
-    cache_.reset();  // nothing more to keep
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
+  progress.Finish(absl::StrCat(ids_.size() - before, " samples"), /*always=*/true);
+  return count;
+}
+
+void TargetModelSource::WeighSamples(const std::vector<std::pair<uint64_t, uint64_t>>& lines) {
+  // The generator's outputs are fixed by the standard (unlike std::shuffle's use of them), so
+  // the choice is the same on every machine.
+  std::mt19937_64 rng(options_.seed ^ 0x6d6978u);  // "mix"
+  for (size_t k = 0; k < lines.size(); ++k) {
+    const auto [first, end] = lines[k];
+    const double weight = options_.data[k].weight;
+    const auto whole = static_cast<int64_t>(std::floor(weight));
+    for (int64_t r = 0; r < whole; ++r) {
+      for (uint64_t i = first; i < end; ++i) samples_.push_back(i);
+    }
+    // The fraction: that share of the file's lines, a seeded choice kept in file order.
+    std::vector<uint64_t> chosen(end - first);
+    std::iota(chosen.begin(), chosen.end(), first);
+    const auto extra = static_cast<size_t>(std::llround((weight - whole) * chosen.size()));
+    for (size_t i = 0; i < extra; ++i) {
+      std::swap(chosen[i], chosen[i + rng() % (chosen.size() - i)]);
+    }
+    chosen.resize(extra);
+    std::sort(chosen.begin(), chosen.end());
+    samples_.insert(samples_.end(), chosen.begin(), chosen.end());
+    if (whole == 0 && extra == 0 && end > first) {
+      LOG(WARNING) << options_.data[k].jsonl << ": weight " << weight << " of " << end - first
+                   << " sample(s) keeps none of them";
+    }
   }
-  return absl::OkStatus();
 }
 
 TargetModelSource::~TargetModelSource() {
@@ -191,21 +248,22 @@ uint64_t TargetModelSource::computed() const {
 }
 
 absl::StatusOr<std::vector<uint8_t>> TargetModelSource::Compute(uint64_t index) const {
-  return features_->Compute(ids_[index]);
+  return features_->Compute(ids_[samples_[index]]);
 }
 
 absl::StatusOr<Sample> TargetModelSource::GetTokens(uint64_t index) const {
-  if (index >= ids_.size()) {
-    return absl::OutOfRangeError(absl::StrCat("sample ", index, " of ", ids_.size()));
+  if (index >= samples_.size()) {
+    return absl::OutOfRangeError(absl::StrCat("sample ", index, " of ", samples_.size()));
   }
-  if (!pending_.empty() && ids_[index].empty()) {  // a pending line's sample
+  const uint64_t line = samples_[index];
+  if (!pending_.empty() && ids_[line].empty()) {  // a pending line's sample
     return absl::FailedPreconditionError(
         absl::StrCat("sample ", index, " waits for the feeders to regenerate its replies"));
   }
   Sample s;
   s.index = index;
-  s.input_ids = ids_[index];
-  s.loss_mask = masks_[index];
+  s.input_ids = ids_[line];
+  s.loss_mask = masks_[line];
   s.feature_dtype = options_.target.feature_dtype;
   return s;
 }
@@ -240,7 +298,7 @@ absl::StatusOr<Sample> TargetModelSource::Get(uint64_t index) const {
 void TargetModelSource::Prefetch(const std::vector<uint64_t>& indices) const {
   absl::MutexLock lock(&mu_);
   for (uint64_t i : indices) {
-    if (i < ids_.size()) queue_.push_back(i);
+    if (i < samples_.size()) queue_.push_back(i);
   }
 }
 
@@ -280,12 +338,14 @@ absl::StatusOr<SourceBundle> OpenTargetSource(const JobConfig& j) {
   if (j.target.path.empty()) {
     return absl::InvalidArgumentError("data.source 'target' needs target.path");
   }
-  if (j.data.jsonl.empty()) {
-    return absl::InvalidArgumentError("data.source 'target' needs data.jsonl");
+  if (j.data.jsonl.empty() && j.data.sources.empty()) {
+    return absl::InvalidArgumentError("data.source 'target' needs data.jsonl or data.sources");
   }
   TargetSourceOptions o;
   o.target = TargetFeatureOptionsFor(j, j.target.path);
-  o.data_jsonl = j.data.jsonl;
+  o.data = j.data.sources;
+  if (o.data.empty()) o.data.push_back({j.data.jsonl, 1.0});
+  o.seed = j.train.seed;
   o.regenerate = j.data.regenerate;
   o.max_new_tokens = j.data.max_new_tokens;
   o.chat = {j.data.enable_thinking, j.data.system_prompt};

@@ -28,7 +28,10 @@ class ChatLineReader;
 
 struct TargetSourceOptions {
   TargetFeatureOptions target;  // the model and its features (TargetFeatureOptionsFor)
-  std::string data_jsonl;
+  // The chat files with their weights (data.jsonl is one file of weight 1). Their lines are
+  // numbered through the files in order: file 2's first line follows file 1's last.
+  std::vector<DataSourceConfig> data;
+  uint64_t seed = 0;        // train.seed: the lines a fractional weight keeps
   std::string tokenizer;    // empty: <target.target_dir>/tokenizer.json
   bool regenerate = false;  // assistant turns become the target's greedy answers at open
   int64_t max_new_tokens = 256;
@@ -48,11 +51,11 @@ class TargetModelSource : public HiddenStateSource, public DeferredReplies {
   static absl::StatusOr<std::unique_ptr<TargetModelSource>> Open(const TargetSourceOptions& o);
   ~TargetModelSource() override;
 
-  uint64_t num_samples() const override { return ids_.size(); }
+  uint64_t num_samples() const override { return samples_.size(); }
   int64_t feature_size() const override { return features_->feature_size(); }
   DType feature_dtype() const override { return options_.target.feature_dtype; }
   int64_t SampleLength(uint64_t index) const override {
-    return static_cast<int64_t>(ids_[index].size());
+    return static_cast<int64_t>(ids_[samples_[index]].size());
   }
   absl::StatusOr<Sample> Get(uint64_t index) const ABSL_LOCKS_EXCLUDED(mu_) override;
   absl::StatusOr<Sample> GetTokens(uint64_t index) const override;
@@ -73,9 +76,14 @@ class TargetModelSource : public HiddenStateSource, public DeferredReplies {
   uint64_t computed() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // Reads and tokenizes options_.data_jsonl into ids_ and masks_ (regenerating replies with
-  // data.regenerate); an error names the file and line.
+  // Reads and tokenizes options_.data into ids_ and masks_ (regenerating replies with
+  // data.regenerate), then makes the samples of the weights; an error names the file and line.
   absl::Status Tokenize();
+  // One file of options_.data, its lines numbered from `first_line_no`; returns its line count.
+  absl::StatusOr<int64_t> TokenizeFile(const std::string& path, int64_t first_line_no,
+                                       ChatLineReader& reader);
+  // samples_ from the lines of each file, `lines[k]` = [first, end) in ids_ for options_.data[k].
+  void WeighSamples(const std::vector<std::pair<uint64_t, uint64_t>>& lines);
   // One data line into `ids` and `mask`, regenerated (and kept in cache_, or read from it) when
   // the job regenerates and the line is a chat; left empty, pending, when feeders regenerate it.
   absl::Status ParseLine(ChatLineReader& reader, const std::string& line, int64_t line_no,
@@ -97,10 +105,11 @@ class TargetModelSource : public HiddenStateSource, public DeferredReplies {
 
   TargetSourceOptions options_;
   std::unique_ptr<TargetFeatures> features_;
-  std::vector<std::vector<int64_t>> ids_, masks_;
+  std::vector<std::vector<int64_t>> ids_, masks_;  // one per data line
+  std::vector<uint64_t> samples_;                  // each sample's line in ids_, by weight
   std::unique_ptr<RegenerationCache> cache_;  // null: replies not kept (or nothing regenerated)
   struct PendingLine {
-    uint64_t index = 0;  // its sample
+    uint64_t index = 0;  // in ids_
     std::string text;    // until TakePending
   };
   std::map<int64_t, PendingLine> pending_;  // by line number: the feeders' to regenerate
