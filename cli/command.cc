@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/multi_line_text.h"
 
 namespace flashdraft {
 
@@ -20,7 +21,11 @@ void AddChatOptionFlags(CLI::App& app, ChatRenderOptions& chat) {
                  "dropped, the empty think block in the prompt)")
       ->capture_default_str();
   app.add_option("--system-prompt", chat.system_prompt,
-                 "the system turn of every chat without one, as the job's data.system_prompt");
+                 "the system turn of every chat without one, as the job's data.system_prompt")
+      ->check([](const std::string& text) -> std::string {
+        std::optional<std::string> problem = MultiLineTextProblem(text);
+        return problem ? "the text " + *problem : "";
+      });
 }
 
 absl::Status ParseLayerIds(const std::string& text, std::vector<int>& out) {

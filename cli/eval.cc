@@ -189,9 +189,9 @@ void PrintAcceptance(const std::vector<PromptResult>& results, const Speculative
 
 void PrintEval(const EvalOptions& o, int64_t block, const std::vector<PromptResult>& results,
                const EvalSummary& sum) {
-  std::printf("eval: %zu prompt(s) of %s, block size %lld, up to %lld new tokens, greedy\n",
+  std::printf("eval: %zu prompt(s) of %s, block size %lld, up to %lld new tokens, greedy%s\n",
               results.size(), o.prompts.c_str(), static_cast<long long>(block),
-              static_cast<long long>(o.max_new_tokens));
+              static_cast<long long>(o.max_new_tokens), ChatOptionsKey(o.chat).c_str());
   if (o.per_prompt) PrintPerPrompt(results);
   PrintAcceptance(results, sum.tally, block);
   std::printf(

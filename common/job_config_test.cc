@@ -114,6 +114,17 @@ TEST(JobConfigTest, FingerprintOfAFixedJobNeverChanges) {
   EXPECT_NE(JobFingerprint(*system), JobFingerprint(*no_thinking));
 }
 
+TEST(MultiLineTextTest, LineBreaksTabsAndUtf8AreTextOtherBytesAreNot) {
+  EXPECT_EQ(MultiLineTextProblem("Be brief.\n\tNo lists. 春眠 🌸"), std::nullopt);
+  EXPECT_EQ(MultiLineTextProblem("a\rb"), "has a control character (byte 1 is 0x0d)");
+  EXPECT_EQ(MultiLineTextProblem("a\x7f"), "has a control character (byte 1 is 0x7f)");
+  EXPECT_EQ(MultiLineTextProblem("ok \xff"), "is not UTF-8 (byte 3 is 0xff)");
+  EXPECT_EQ(MultiLineTextProblem("\xc3"), "is not UTF-8 (byte 0 is 0xc3)");          // cut short
+  EXPECT_EQ(MultiLineTextProblem("\xc0\xaf"), "is not UTF-8 (byte 0 is 0xc0)");      // overlong
+  EXPECT_EQ(MultiLineTextProblem("\xed\xa0\x80"), "is not UTF-8 (byte 0 is 0xed)");  // surrogate
+  EXPECT_EQ(MultiLineTextProblem("\xf4\x90\x80\x80"), "is not UTF-8 (byte 0 is 0xf4)");
+}
+
 TEST(JobConfigTest, AMultiLineSystemPromptReadsBackAsWritten) {
   auto config = ParseJobConfig(
       std::string(kMinimal) + "  system_prompt: |\n    Be brief.\n    \tNo \"lists\".\n",
@@ -290,6 +301,9 @@ TEST(JobConfigTest, BadInputNamesFileFieldAndValue) {
       {"carriage return in a prompt", "data: {shards_dir: /d, system_prompt: \"a\\r\\nb\"}\n",
        "field 'data.system_prompt' = \"a\\r\\nb\" has a control character (byte 1 is 0x0d); "
        "text may have line breaks and tabs"},
+      // Nor would bytes that are not UTF-8 (YAML writes U+FFFD instead, protobuf refuses them).
+      {"not UTF-8 in a prompt", "data: {shards_dir: /d, system_prompt: \"ok \xff\"}\n",
+       "field 'data.system_prompt' = \"ok \\xff\" is not UTF-8 (byte 3 is 0xff)"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.label);

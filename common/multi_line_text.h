@@ -2,6 +2,7 @@
 // so that the configs holding one need not include yaml-cpp.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -14,5 +15,9 @@ struct MultiLineText : std::string {
   MultiLineText(std::string text) : std::string(std::move(text)) {}  // NOLINT: implicit on purpose
   MultiLineText(const char* text) : std::string(text) {}             // NOLINT: implicit on purpose
 };
+
+// What makes `text` unfit for a MultiLineText, e.g. "has a control character (byte 3 is 0x0d)" or
+// "is not UTF-8 (byte 5 is 0xff)"; nullopt when it is fit.
+std::optional<std::string> MultiLineTextProblem(const std::string& text);
 
 }  // namespace flashdraft

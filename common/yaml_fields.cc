@@ -93,14 +93,11 @@ absl::Status CheckOneLine(const std::string& value, const std::string& source,
 
 absl::Status CheckText(const std::string& value, const std::string& source,
                        const std::string& path) {
-  for (size_t i = 0; i < value.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(value[i]);
-    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: field '%s' = \"%s\" has a control character (byte %d is 0x%02x); text may have "
-          "line breaks and tabs, no other control character",
-          source, path, absl::CHexEscape(value), i, c));
-    }
+  if (std::optional<std::string> problem = MultiLineTextProblem(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: field '%s' = \"%s\" %s; text may have line breaks and tabs, no other "
+                        "control character, and is UTF-8",
+                        source, path, absl::CHexEscape(value), *problem));
   }
   return absl::OkStatus();
 }

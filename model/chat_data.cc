@@ -65,7 +65,11 @@ absl::Status ChatLineReader::Parse(const std::string& line, int64_t vocab, bool 
   if (!parsed.is_chat) return absl::OkStatus();
   FD_ASSIGN_OR_RETURN(const Tokenizer* tokenizer, GetTokenizer());
   ApplyChatOptions(options.chat, parsed.messages);
-  if (regenerate) FD_RETURN_IF_ERROR(Regenerate(*tokenizer, parsed.messages));
+  if (regenerate) {
+    FD_RETURN_IF_ERROR(Regenerate(*tokenizer, parsed.messages));
+    // A target that reasons even so: in non-thinking mode its reasoning is not trained on either.
+    ApplyChatOptions(options.chat, parsed.messages);
+  }
   FD_ASSIGN_OR_RETURN(RenderedChat rendered, RenderTrainingChat(parsed.messages, options.chat));
   TokenizedChat tokens = TokenizeChat(*tokenizer, rendered);
   for (size_t k = 0; k < tokens.input_ids.size(); ++k) {

@@ -311,6 +311,13 @@ TEST(PrepareTest, MissingInputsAreNamed) {
       RunCommand(absl::StrCat(kBin, "/flashdraft prepare --target ", dir.Join("nope"), " --out ",
                               dir.Join("o"), " --import-specforge ", dir.Join("none")));
   EXPECT_EQ(empty.exit_code, 1);
+  // A system prompt the job file would refuse is refused here too, before any work.
+  auto prompt = RunCommand(absl::StrCat(kBin, "/flashdraft prepare --target ", dir.Join("nope"),
+                                        " --data ", dir.Join("d.jsonl"), " --out ", dir.Join("o"),
+                                        " --system-prompt \"$(printf 'a\\rb')\""));
+  EXPECT_NE(prompt.exit_code, 0);
+  EXPECT_THAT(prompt.output, HasSubstr("--system-prompt: the text has a control character (byte 1 "
+                                       "is 0x0d)"));
 }
 
 }  // namespace

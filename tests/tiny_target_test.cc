@@ -109,6 +109,19 @@ TEST(TinyTargetTest, TrainsIsReadByTheReferenceIsCachedAndPrepares) {
   }
 }
 
+// job.yaml in `dir` for the tiny target `dir`/tiny (its layers 0 and 1, a one-layer drafter), with
+// `data` and `train` as those sections' flow mappings.
+void WriteTinyJob(const TempDir& dir, const std::string& data, const std::string& train) {
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("job.yaml"),
+                                  absl::StrCat("target: {path: ", dir.Join("tiny"),
+                                               ", layer_ids: [0, 1]}\n"
+                                               "drafter: {num_hidden_layers: 1, block_size: 8, "
+                                               "num_target_features: 2, max_anchors: 16}\n"
+                                               "data: ",
+                                               data, "\ntrain: ", train, "\n"))
+                  .ok());
+}
+
 // data.sources: a file of weight 1 is the same job as data.jsonl, to the bit; weights repeat a
 // file's lines (2) or keep a seeded share of them (0.5).
 TEST(OnlineTargetTest, ADataMixWeighsItsFiles) {
@@ -119,15 +132,9 @@ TEST(OnlineTargetTest, ADataMixWeighsItsFiles) {
                    dir.Join("tiny/chats.jsonl"), " >", dir.Join("a.jsonl"), " && sed -n 7,10p ",
                    dir.Join("tiny/chats.jsonl"), " >", dir.Join("b.jsonl")));
   ASSERT_EQ(made.exit_code, 0) << made.output;
-  ASSERT_TRUE(WriteFileAtomically(dir.Join("job.yaml"),
-                                  absl::StrCat("target: {path: ", dir.Join("tiny"),
-                                               ", layer_ids: [0, 1]}\n"
-                                               "drafter: {num_hidden_layers: 1, block_size: 8, "
-                                               "num_target_features: 2, max_anchors: 16}\n"
-                                               "data: {source: target, jsonl: ",
-                                               dir.Join("a.jsonl"),
-                                               "}\ntrain: {max_steps: 3, global_batch_size: 2}\n"))
-                  .ok());
+  ASSERT_NO_FATAL_FAILURE(
+      WriteTinyJob(dir, absl::StrCat("{source: target, jsonl: ", dir.Join("a.jsonl"), "}"),
+                   "{max_steps: 3, global_batch_size: 2}"));
   auto launch = [&](const std::string& out, const std::string& flags) {
     return RunCommand(absl::StrCat(kCli, " launch ", dir.Join("job.yaml"), " --workers 1 --out ",
                                    dir.Join(out), " ", flags, " 2>&1"));
@@ -367,19 +374,25 @@ TEST(OnlineTargetTest, RegeneratedRepliesAreKeptForTheNextStart) {
                               " --steps 150 --merges 128 --hidden 64 --layers 2 && head -n 12 ",
                               dir.Join("tiny/chats.jsonl"), " >", dir.Join("chats.jsonl")));
   ASSERT_EQ(made.exit_code, 0) << made.output;
-  ASSERT_TRUE(WriteFileAtomically(dir.Join("job.yaml"),
-                                  absl::StrCat("target: {path: ", dir.Join("tiny"),
-                                               ", layer_ids: [0, 1]}\n"
-                                               "drafter: {num_hidden_layers: 1, block_size: 8, "
-                                               "num_target_features: 2, max_anchors: 16}\n"
-                                               "data: {source: target, jsonl: ",
-                                               dir.Join("chats.jsonl"),
-                                               ", regenerate: true, max_new_tokens: 12}\n"
-                                               "train: {max_steps: 3, global_batch_size: 4}\n"))
-                  .ok());
+  ASSERT_NO_FATAL_FAILURE(
+      WriteTinyJob(dir,
+                   absl::StrCat("{source: target, jsonl: ", dir.Join("chats.jsonl"),
+                                ", regenerate: true, max_new_tokens: 12}"),
+                   "{max_steps: 3, global_batch_size: 4}"));
   auto launch = [&](const std::string& out, const std::string& flags = "") {
     return RunCommand(absl::StrCat(kCli, " launch ", dir.Join("job.yaml"), " --workers 1 --out ",
                                    dir.Join(out), " ", flags, " 2>&1"));
+  };
+  // A launch into `out` that finds there the replies `from` kept.
+  auto launch_with_kept = [&](const std::string& from, const std::string& out,
+                              const std::string& flags = "") {
+    std::filesystem::create_directories(dir.Join(out));
+    std::filesystem::copy_file(dir.Join(from + "/regenerated-replies.bin"),
+                               dir.Join(out + "/regenerated-replies.bin"));
+    return launch(out, flags);
+  };
+  auto drafter = [&](const std::string& out) {
+    return *ReadFile(dir.Join(out + "/drafter/model.safetensors"));
   };
   auto first = launch("a");
   ASSERT_EQ(first.exit_code, 0) << first.output;
@@ -389,30 +402,21 @@ TEST(OnlineTargetTest, RegeneratedRepliesAreKeptForTheNextStart) {
     }
   }
   EXPECT_THAT(first.output, ::testing::Not(HasSubstr("not regenerated again")));
-  const std::string kept = dir.Join("a/regenerated-replies.bin");
-  ASSERT_TRUE(std::filesystem::exists(kept)) << first.output;
-  std::filesystem::create_directories(dir.Join("b"));
-  std::filesystem::copy_file(kept, dir.Join("b/regenerated-replies.bin"));
-  auto second = launch("b");
+  ASSERT_TRUE(std::filesystem::exists(dir.Join("a/regenerated-replies.bin"))) << first.output;
+  auto second = launch_with_kept("a", "b");
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_THAT(second.output, HasSubstr("12 line(s) read from"));
-  EXPECT_TRUE(*ReadFile(dir.Join("a/drafter/model.safetensors")) ==
-              *ReadFile(dir.Join("b/drafter/model.safetensors")));
+  EXPECT_TRUE(drafter("a") == drafter("b"));
   // A feeder regenerates them instead: the same drafter, and replies kept as the coordinator
   // keeps them (a job without feeders reads them).
   auto fed = launch("d", "--feeders 1");
   ASSERT_EQ(fed.exit_code, 0) << fed.output;
   EXPECT_THAT(fed.output, HasSubstr("the feeders regenerate the replies of 12 line(s)"));
-  EXPECT_TRUE(*ReadFile(dir.Join("a/drafter/model.safetensors")) ==
-              *ReadFile(dir.Join("d/drafter/model.safetensors")));
-  std::filesystem::create_directories(dir.Join("e"));
-  std::filesystem::copy_file(dir.Join("d/regenerated-replies.bin"),
-                             dir.Join("e/regenerated-replies.bin"));
-  auto read_back = launch("e");
+  EXPECT_TRUE(drafter("a") == drafter("d"));
+  auto read_back = launch_with_kept("d", "e");
   ASSERT_EQ(read_back.exit_code, 0) << read_back.output;
   EXPECT_THAT(read_back.output, HasSubstr("12 line(s) read from"));
-  EXPECT_TRUE(*ReadFile(dir.Join("a/drafter/model.safetensors")) ==
-              *ReadFile(dir.Join("e/drafter/model.safetensors")));
+  EXPECT_TRUE(drafter("a") == drafter("e"));
   // The chat options, here and on a feeder: the same drafter, another than the defaults give.
   const std::string options =
       "--set data.enable_thinking=false --set 'data.system_prompt=Answer briefly.'";
@@ -421,29 +425,21 @@ TEST(OnlineTargetTest, RegeneratedRepliesAreKeptForTheNextStart) {
   auto fed_options = launch("fed", options + " --feeders 1");
   ASSERT_EQ(fed_options.exit_code, 0) << fed_options.output;
   EXPECT_THAT(fed_options.output, HasSubstr("the feeders regenerate the replies of 12 line(s)"));
-  EXPECT_TRUE(*ReadFile(dir.Join("here/drafter/model.safetensors")) ==
-              *ReadFile(dir.Join("fed/drafter/model.safetensors")));
-  EXPECT_FALSE(*ReadFile(dir.Join("a/drafter/model.safetensors")) ==
-               *ReadFile(dir.Join("here/drafter/model.safetensors")));
+  EXPECT_TRUE(drafter("here") == drafter("fed"));
+  EXPECT_FALSE(drafter("a") == drafter("here"));
   // Their kept replies name the options, and a job with the defaults regenerates its own.
   EXPECT_THAT(*ReadFile(dir.Join("here/regenerated-replies.bin")),
               HasSubstr("; thinking off; system prompt "));
-  std::filesystem::create_directories(dir.Join("f"));
-  std::filesystem::copy_file(dir.Join("here/regenerated-replies.bin"),
-                             dir.Join("f/regenerated-replies.bin"));
-  auto defaults = launch("f");
+  auto defaults = launch_with_kept("here", "f");
   ASSERT_EQ(defaults.exit_code, 0) << defaults.output;
   EXPECT_THAT(defaults.output, HasSubstr("made for another target, data file or settings"));
-  EXPECT_TRUE(*ReadFile(dir.Join("a/drafter/model.safetensors")) ==
-              *ReadFile(dir.Join("f/drafter/model.safetensors")));
+  EXPECT_TRUE(drafter("a") == drafter("f"));
   // Another data file: the kept replies are not used.
   const std::string chats = *ReadFile(dir.Join("chats.jsonl"));
   ASSERT_TRUE(
       WriteFileAtomically(dir.Join("chats.jsonl"), chats + chats.substr(0, chats.find('\n') + 1))
           .ok());
-  std::filesystem::create_directories(dir.Join("c"));
-  std::filesystem::copy_file(kept, dir.Join("c/regenerated-replies.bin"));
-  auto changed = launch("c");
+  auto changed = launch_with_kept("a", "c");
   EXPECT_THAT(changed.output, HasSubstr("made for another target, data file or settings"));
   EXPECT_THAT(changed.output, ::testing::Not(HasSubstr("not regenerated again")));
 }

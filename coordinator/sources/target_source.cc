@@ -349,6 +349,10 @@ absl::StatusOr<SourceBundle> OpenTargetSource(const JobConfig& j) {
   o.regenerate = j.data.regenerate;
   o.max_new_tokens = j.data.max_new_tokens;
   o.chat = {j.data.enable_thinking, j.data.system_prompt};
+  if (const std::string chat = ChatOptionsKey(o.chat); !chat.empty()) {
+    LOG(INFO) << "chats are rendered with" << chat.substr(1) << " (data.enable_thinking, "
+              << "data.system_prompt)";
+  }
   o.regeneration_cache = j.output_dir + "/regenerated-replies.bin";
   // With feeders, they compute the features and regenerate the replies: the coordinator loads
   // what the workers fetch (embedding, lm_head) and no decoder layer.
