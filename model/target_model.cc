@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/progress.h"
 #include "common/status_macros.h"
 #include "model/causal_attention.h"
 #include "model/layers.h"
@@ -49,13 +50,25 @@ absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Load(const std::string
   FD_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/config.json"));
   FD_ASSIGN_OR_RETURN(TargetModelConfig c, ParseTargetConfig(text, dir + "/config.json"));
   FD_ASSIGN_OR_RETURN(auto weights, SafetensorsModel::Open(dir));
-  return FromWeights(
+  // A large target on slow storage loads for minutes: a log line every 10 s says how far it is
+  // (and a coordinator under `launch` is not taken for one that hangs: its silence is timed).
+  const bool own_head = weights->Contains("lm_head.weight") || !c.tie_word_embeddings;
+  const int64_t tensors =
+      2 + (own_head ? 1 : 0) + (without_layers ? 0 : c.num_hidden_layers * (c.qk_norm ? 11 : 9));
+  Progress progress = Progress::ForLog(absl::StrCat("loading the target ", dir),
+                                       static_cast<double>(tensors), "tensors");
+  int64_t loaded = 0;
+  absl::StatusOr<std::unique_ptr<TargetModel>> model = FromWeights(
       c,
       [&](const std::string& name, const std::vector<int64_t>& shape) {
-        return LoadFloatWeight(*weights, name, shape, dtype);
+        absl::StatusOr<torch::Tensor> t = LoadFloatWeight(*weights, name, shape, dtype);
+        progress.Update(static_cast<double>(++loaded));
+        return t;
       },
       [&](const std::string& name) { return weights->Contains(name); }, /*trainable=*/false,
       without_layers);
+  progress.Finish();
+  return model;
 }
 
 absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::FromWeights(

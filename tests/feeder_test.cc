@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -151,7 +152,12 @@ class FeederTest : public ::testing::Test {
   // and with the reference's numbers and drafter.
   static void KillFeederAndExpectTheSameRun(int launch, const std::string& out,
                                             const std::string& what) {
-    const int victim = FindProcess({"flashdraft-feeder", "--id feeder-1"});
+    // This launch's feeder-1, not another test's that ctest runs beside it: by its coordinator.
+    int port = 0;
+    std::ifstream(out + "/coordinator.port") >> port;
+    ASSERT_GT(port, 0) << "no " << out << "/coordinator.port";
+    const int victim =
+        FindProcess({"flashdraft-feeder", absl::StrCat("127.0.0.1:", port, " --id feeder-1")});
     ASSERT_GT(victim, 0);
     ASSERT_EQ(kill(victim, SIGKILL), 0);
     int status = 0;
