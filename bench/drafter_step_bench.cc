@@ -8,7 +8,8 @@
 //   drafter_step_bench [--threads 2] [--steps 10] [--warmup 2] [--hidden 256] [--layers 2]
 //                      [--heads H/64] [--kv-heads heads/2] [--head-dim 64] [--intermediate 3H]
 //                      [--features 2] [--block 16] [--seq 512] [--anchors 64] [--batch 2]
-//                      [--vocab 8192] [--tune-malloc 1]
+//                      [--vocab 8192] [--tune-malloc 1] [--sliding-window 0]
+// --sliding-window W > 0 makes every layer a sliding_attention layer of window W.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -56,6 +57,10 @@ flashdraft::DrafterModelConfig ConfigFrom(const Flags& f) {
   c.rope_theta = 10000.0;
   c.mask_token_id = c.vocab_size - 1;
   for (int64_t i = 0; i < f.at("features"); ++i) c.target_layer_ids.push_back(2 * i + 1);
+  if (f.at("sliding-window") > 0) {
+    c.layer_types.assign(static_cast<size_t>(c.num_hidden_layers), "sliding_attention");
+    c.sliding_window = f.at("sliding-window");
+  }
   return c;
 }
 
@@ -80,10 +85,11 @@ flashdraft::DrafterBatch RandomBatch(const flashdraft::DrafterModelConfig& c, in
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags f = {{"threads", 2},  {"steps", 10},   {"warmup", 2},       {"hidden", 256},
-             {"layers", 2},   {"heads", 0},    {"kv-heads", 0},     {"head-dim", 64},
-             {"block", 16},   {"seq", 512},    {"anchors", 64},     {"batch", 2},
-             {"vocab", 8192}, {"features", 2}, {"intermediate", 0}, {"tune-malloc", 1}};
+  Flags f = {{"threads", 2},       {"steps", 10},   {"warmup", 2},       {"hidden", 256},
+             {"layers", 2},        {"heads", 0},    {"kv-heads", 0},     {"head-dim", 64},
+             {"block", 16},        {"seq", 512},    {"anchors", 64},     {"batch", 2},
+             {"vocab", 8192},      {"features", 2}, {"intermediate", 0}, {"tune-malloc", 1},
+             {"sliding-window", 0}};
   if (!ParseFlags(argc, argv, f)) return 2;
   if (f["tune-malloc"] != 0) flashdraft::TuneMallocForStreaming();
   torch::set_num_threads(static_cast<int>(f["threads"]));

@@ -70,6 +70,9 @@ const std::vector<JobField>& Fields() {
       FD_FIELD(drafter, mask_token_id, int64_t, AtLeast<int64_t>(-1)),
       FD_FIELD(drafter, loss_decay_gamma, double, AtLeast(0.0)),
       FD_FIELD(drafter, max_anchors, int, Between(1, 1 << 16)),
+      FD_FIELD(drafter, layer_types, std::vector<std::string>,
+               EachOneOf({"full_attention", "sliding_attention"})),
+      FD_FIELD(drafter, sliding_window, int, Between(0, 1 << 20)),
       FD_FIELD(drafter, init_from, std::string),
 
       FD_FIELD(data, source, std::string, OneOf({"shards", "target"})),
@@ -209,8 +212,31 @@ std::optional<double> DefaultLossDecayGamma(int block_size) {
   }
 }
 
+// drafter.layer_types names every layer; a sliding layer needs a window of at least a block.
+absl::Status ValidateDrafterLayers(const DrafterConfig& d, const std::string& source) {
+  const bool sliding =
+      std::count(d.layer_types.begin(), d.layer_types.end(), "sliding_attention") > 0;
+  if (!d.layer_types.empty() && static_cast<int>(d.layer_types.size()) != d.num_hidden_layers) {
+    return Invalid(source, "drafter.layer_types",
+                   absl::StrCat("names ", d.layer_types.size(), " layers but the drafter has ",
+                                "drafter.num_hidden_layers = ", d.num_hidden_layers));
+  }
+  if (sliding && d.sliding_window < d.block_size) {
+    return Invalid(source, "drafter.sliding_window",
+                   absl::StrCat("= ", d.sliding_window, " must be at least drafter.block_size = ",
+                                d.block_size, " for the sliding_attention layers"));
+  }
+  if (!sliding && d.sliding_window != 0) {
+    return Invalid(source, "drafter.sliding_window",
+                   absl::StrCat("= ", d.sliding_window,
+                                " but no entry of drafter.layer_types is sliding_attention"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
   if (c.output_dir.empty()) return Invalid(source, "output_dir", "must not be empty");
+  FD_RETURN_IF_ERROR(ValidateDrafterLayers(c.drafter, source));
   if (c.train.virtual_shards > 0 && !c.train.deterministic_reduction) {
     return Invalid(source, "train.virtual_shards",
                    absl::StrCat("= ", c.train.virtual_shards,
@@ -404,6 +430,8 @@ std::string JobFingerprint(const JobConfig& c) {
   }
   if (c.data.system_prompt.empty()) leave_out.insert("data.system_prompt");
   if (c.data.sources.empty()) leave_out.insert("data.sources");
+  if (c.drafter.layer_types.empty()) leave_out.insert("drafter.layer_types");
+  if (c.drafter.sliding_window == 0) leave_out.insert("drafter.sliding_window");
   const std::string yaml = EmitJobYaml(same, leave_out);
   return absl::StrFormat("%08x", Crc32c(yaml.data(), yaml.size()));
 }

@@ -39,6 +39,13 @@ struct DrafterConfig {
   // Loss decay γ; 0: the DFlash default for the block size (7 for 16, 5 for 10, 4 for 8).
   double loss_decay_gamma = 0;
   int max_anchors = 512;
+  // Per layer, "full_attention" or "sliding_attention" (HF's layer_types); empty: all full. A
+  // sliding layer sees the last `sliding_window` positions up to its query and is causal inside
+  // its block (the SpecForge / SGLang / vLLM convention; docs/recipes.md).
+  std::vector<std::string> layer_types;
+  // The window of the sliding layers in positions, the query's own included (HF's
+  // sliding_window); at least block_size. 0 when no layer slides.
+  int sliding_window = 0;
   // A published or exported drafter folder (config.json + model.safetensors, the z-lab / HF
   // layout, BF16 or F32) to start from instead of a random init: fine-tuning. Its shapes must fit
   // the job's; its block size and mask token may differ (they shape no weight).

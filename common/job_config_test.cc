@@ -197,6 +197,32 @@ TEST(JobConfigTest, ABadDataMixIsNamed) {
   }
 }
 
+// Sliding-window layers read back from the YAML the job writes, and are part of the run (a job
+// without them keeps the fingerprint it had before the fields existed).
+TEST(JobConfigTest, SlidingWindowLayersReadBackAndArePartOfTheRun) {
+  const std::string yaml =
+      "output_dir: /o\ndata: {shards_dir: /d}\ndrafter: {num_hidden_layers: 3, layer_types: "
+      "[sliding_attention, full_attention, sliding_attention], sliding_window: 2048}\n";
+  auto c = ParseJobConfig(yaml, "job.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->drafter.layer_types,
+            (std::vector<std::string>{"sliding_attention", "full_attention", "sliding_attention"}));
+  EXPECT_EQ(c->drafter.sliding_window, 2048);
+  auto again = ParseJobConfig(JobConfigToYaml(*c), "again.yaml");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->drafter.layer_types, c->drafter.layer_types);
+  EXPECT_EQ(again->drafter.sliding_window, 2048);
+  auto plain = ParseJobConfig(
+      "output_dir: /o\ndata: {shards_dir: /d}\ndrafter: "
+      "{num_hidden_layers: 3}\n",
+      "plain.yaml");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_NE(JobFingerprint(*c), JobFingerprint(*plain));
+  JobConfig wider = *c;
+  wider.drafter.sliding_window = 4096;
+  EXPECT_NE(JobFingerprint(wider), JobFingerprint(*c));
+}
+
 TEST(JobConfigTest, YamlRoundTrip) {
   auto config = LoadJobConfig(FLASHDRAFT_SOURCE_DIR "/deploy/examples/job.yaml");
   ASSERT_TRUE(config.ok());
@@ -253,6 +279,24 @@ TEST(JobConfigTest, BadInputNamesFileFieldAndValue) {
        "field 'worker.device' = tpu must be one of: cpu, cuda"},
       {"cuda over gloo", base + "worker: {device: cuda}\n",
        "field 'worker.device' = cuda needs cluster.backend: nccl (it is gloo"},
+      {"bad layer type",
+       base + "drafter: {num_hidden_layers: 2, layer_types: [full_attention, "
+              "sliding], sliding_window: 64}\n",
+       "field 'drafter.layer_types' = [full_attention, sliding] has entry 1 'sliding', which must "
+       "be one of: full_attention, sliding_attention"},
+      {"layer types for another depth",
+       base + "drafter: {num_hidden_layers: 3, layer_types: [sliding_attention], "
+              "sliding_window: 64}\n",
+       "field 'drafter.layer_types' names 1 layers but the drafter has drafter.num_hidden_layers "
+       "= 3"},
+      {"window below a block",
+       base + "drafter: {num_hidden_layers: 1, layer_types: [sliding_attention], "
+              "sliding_window: 8}\n",
+       "field 'drafter.sliding_window' = 8 must be at least drafter.block_size = 16"},
+      {"window without a sliding layer", base + "drafter: {sliding_window: 64}\n",
+       "field 'drafter.sliding_window' = 64 but no entry of drafter.layer_types is sliding"},
+      {"list of strings expected", base + "drafter: {layer_types: full_attention}\n",
+       "field 'drafter.layer_types' must be a list of strings, got 'full_attention'"},
       {"list expected", base + "target: {layer_ids: 3}\n",
        "field 'target.layer_ids' must be a list of integers, got '3'"},
       {"bool expected", base + "metrics: {enabled: maybe}\n",

@@ -22,6 +22,18 @@ FieldCheck<std::string> OneOf(std::vector<std::string> options) {
   };
 }
 
+FieldCheck<std::vector<std::string>> EachOneOf(std::vector<std::string> options) {
+  return [one_of = OneOf(std::move(options))](
+             const std::vector<std::string>& list) -> std::optional<std::string> {
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (std::optional<std::string> why = one_of(list[i])) {
+        return absl::StrCat("has entry ", i, " '", absl::CHexEscape(list[i]), "', which ", *why);
+      }
+    }
+    return std::nullopt;
+  };
+}
+
 absl::Status FieldError(const std::string& source, const std::string& path,
                         const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(source, ": field '", path, "' ", why));
@@ -62,6 +74,21 @@ bool DecodeIntList(const YAML::Node& node, std::vector<int>& out) {
     int x;
     if (!e.IsScalar() || !YAML::convert<int>::decode(e, x)) return false;
     v.push_back(x);
+  }
+  out = std::move(v);
+  return true;
+}
+
+bool DecodeStringList(const YAML::Node& node, std::vector<std::string>& out) {
+  if (node.IsNull()) {
+    out.clear();
+    return true;
+  }
+  if (!node.IsSequence()) return false;
+  std::vector<std::string> v;
+  for (const YAML::Node& e : node) {
+    if (!e.IsScalar()) return false;
+    v.push_back(e.Scalar());
   }
   out = std::move(v);
   return true;

@@ -43,6 +43,8 @@ FieldCheck<T> Between(T lo, T hi) {
 
 FieldCheck<double> Positive();
 FieldCheck<std::string> OneOf(std::vector<std::string> options);
+// Every entry of a list is one of `options`.
+FieldCheck<std::vector<std::string>> EachOneOf(std::vector<std::string> options);
 
 // "<source>: field '<path>' <why>".
 absl::Status FieldError(const std::string& source, const std::string& path, const std::string& why);
@@ -66,14 +68,18 @@ inline std::string TypeName(const bool*) { return "true or false"; }
 inline std::string TypeName(const std::string*) { return "a string"; }
 inline std::string TypeName(const MultiLineText*) { return "a string"; }
 inline std::string TypeName(const std::vector<int>*) { return "a list of integers"; }
+inline std::string TypeName(const std::vector<std::string>*) { return "a list of strings"; }
 
 bool DecodeIntList(const YAML::Node& node, std::vector<int>& out);
+bool DecodeStringList(const YAML::Node& node, std::vector<std::string>& out);
 bool DecodeString(const YAML::Node& node, std::string& out);
 
 template <typename T>
 bool Decode(const YAML::Node& node, T& out) {
   if constexpr (std::is_same_v<T, std::vector<int>>) {
     return DecodeIntList(node, out);
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    return DecodeStringList(node, out);
   } else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, MultiLineText>) {
     return DecodeString(node, out);
   } else {
@@ -98,9 +104,10 @@ void EmitDouble(YAML::Emitter& e, double v);
 
 template <typename T>
 void Emit(YAML::Emitter& e, const T& v) {
-  if constexpr (std::is_same_v<T, std::vector<int>>) {
+  if constexpr (std::is_same_v<T, std::vector<int>> ||
+                std::is_same_v<T, std::vector<std::string>>) {
     e << YAML::Flow << YAML::BeginSeq;
-    for (int x : v) e << x;
+    for (const auto& x : v) e << x;
     e << YAML::EndSeq;
   } else if constexpr (std::is_same_v<T, double>) {
     EmitDouble(e, v);

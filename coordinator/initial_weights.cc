@@ -12,6 +12,13 @@ namespace flashdraft {
 
 namespace {
 
+// "[sliding_attention, full_attention] with sliding_window 2048", or "all full_attention".
+std::string LayerTypesText(const DrafterModelConfig& c) {
+  if (c.layer_types.empty()) return "all full_attention";
+  return absl::StrCat("[", absl::StrJoin(c.layer_types, ", "), "] with sliding_window ",
+                      c.sliding_window);
+}
+
 // The published drafter's shapes against the job's: every field that sizes a weight must agree.
 absl::Status CheckFits(const DrafterModelConfig& from, const DrafterModelConfig& job,
                        const std::string& source) {
@@ -33,6 +40,12 @@ absl::Status CheckFits(const DrafterModelConfig& from, const DrafterModelConfig&
           source, ": ", field, " is ", values.first, " but the job's drafter has ", values.second,
           " (drafter.init_from must be a drafter of the same shape, for the same target)"));
     }
+  }
+  if (from.layer_types != job.layer_types || from.sliding_window != job.sliding_window) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": its layers are ", LayerTypesText(from), " but the job's drafter has ",
+        LayerTypesText(job),
+        " (set drafter.layer_types and drafter.sliding_window as the drafter has them)"));
   }
   if (from.target_layer_ids != job.target_layer_ids) {
     LOG(WARNING) << source << ": trained on target layers "

@@ -15,6 +15,10 @@ struct BlockAttentionOptions {
   int64_t chunk_score_bytes = int64_t{64} << 20;
   // The dtype of the products (model/precision.h); scores, softmax and lse stay fp32.
   torch::ScalarType compute = torch::kFloat32;
+  // 0: full attention (above). W > 0: a sliding-window layer: the query at slot t of the block
+  // anchored at a (position a + t) sees context keys k with a + t - W < k < a and its block's
+  // slots 0..t (causal inside the block; W ≥ block_size).
+  int64_t sliding_window = 0;
 };
 
 // q, kb, vb: [b, heads, N·B, d] (block queries, keys, values); kc, vc: [b, heads, S, d] (context
@@ -29,6 +33,7 @@ torch::Tensor DFlashBlockAttention(const torch::Tensor& q, const torch::Tensor& 
 torch::Tensor DFlashBlockAttentionDense(const torch::Tensor& q, const torch::Tensor& kc,
                                         const torch::Tensor& vc, const torch::Tensor& kb,
                                         const torch::Tensor& vb, const torch::Tensor& anchors,
-                                        const torch::Tensor& keep, int64_t block_size);
+                                        const torch::Tensor& keep, int64_t block_size,
+                                        int64_t sliding_window = 0);
 
 }  // namespace flashdraft

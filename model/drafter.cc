@@ -128,8 +128,8 @@ torch::Tensor DrafterImpl::Forward(const torch::Tensor& features, const torch::T
   cos_q = cos_q.unsqueeze(1);
   sin_q = sin_q.unsqueeze(1);
 
-  for (const auto& module : *layers) {
-    auto layer = module->as<DrafterLayerImpl>();
+  for (size_t l = 0; l < layers->size(); ++l) {
+    auto layer = layers[l]->as<DrafterLayerImpl>();
     auto& attn = *layer->self_attn;
     const torch::Tensor xn = layer->input_layernorm(x);
     auto heads_of = [&](const torch::Tensor& t, int64_t h) {
@@ -159,8 +159,9 @@ torch::Tensor DrafterImpl::Forward(const torch::Tensor& features, const torch::T
       kb = kb.repeat_interleave(groups, 1);
       vb = vb.repeat_interleave(groups, 1);
     }
-    const torch::Tensor o =
-        DFlashBlockAttention(q, kc, vc, kb, vb, anchors, keep, attention_options);
+    BlockAttentionOptions layer_options = attention_options;
+    layer_options.sliding_window = c.WindowOfLayer(static_cast<int64_t>(l));
+    const torch::Tensor o = DFlashBlockAttention(q, kc, vc, kb, vb, anchors, keep, layer_options);
     x = x + LinearIn(compute_, o.transpose(1, 2).reshape({b, nb, heads * hd}), attn.o_proj->weight);
     x = x + layer->mlp->forward(layer->post_attention_layernorm(x), compute_);
   }
@@ -187,6 +188,20 @@ void DrafterImpl::ExtendContext(DrafterContext& context, const torch::Tensor& fe
   }
   context.length += m;
 }
+
+namespace {
+
+// A sliding layer's mask while drafting a block at positions L..L+B-1 over a context of L: the
+// query at L + t sees keys at positions in (L + t - window, L + t]. [B, L + B] bool.
+torch::Tensor SlidingDecodeMask(int64_t context_length, int64_t block, int64_t window,
+                                const torch::Device& device) {
+  const auto opts = torch::TensorOptions().dtype(torch::kInt64).device(device);
+  const torch::Tensor query = torch::arange(block, opts).view({-1, 1}) + context_length;
+  const torch::Tensor key = torch::arange(context_length + block, opts).view({1, -1});
+  return key.le(query).logical_and(key.gt(query - window));
+}
+
+}  // namespace
 
 std::vector<int64_t> DrafterImpl::Draft(const DrafterContext& context, int64_t first_token,
                                         int64_t block) {
@@ -216,8 +231,13 @@ std::vector<int64_t> DrafterImpl::Draft(const DrafterContext& context, int64_t f
       k = k.repeat_interleave(heads / kv_heads, 1);
       v = v.repeat_interleave(heads / kv_heads, 1);
     }
-    const torch::Tensor p = torch::softmax(
-        torch::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(hd)), -1);
+    torch::Tensor scores = torch::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(hd));
+    if (const int64_t window = c.WindowOfLayer(static_cast<int64_t>(l)); window > 0) {
+      scores = scores.masked_fill(
+          SlidingDecodeMask(context.length, block, window, scores.device()).logical_not(),
+          -INFINITY);
+    }
+    const torch::Tensor p = torch::softmax(scores, -1);
     const torch::Tensor o = torch::matmul(p, v);  // [1, heads, B, hd]
     x = x + attn.o_proj(o.transpose(1, 2).reshape({1, block, heads * hd}));
     x = x + layer->mlp(layer->post_attention_layernorm(x));

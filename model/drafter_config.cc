@@ -1,5 +1,6 @@
 #include "model/drafter_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -57,6 +58,71 @@ absl::Status GetPositive(const json& root, const std::string& key, const std::st
   return absl::OkStatus();
 }
 
+// An explicit causality override (vLLM reads `is_causal`, then dflash_config's `causal`): it
+// applies to every layer, and this trainer's layers are non-causal when full, causal when sliding.
+absl::Status CheckCausality(const json& root, const std::string& source, bool sliding) {
+  const auto d = root.find("dflash_config");
+  const json* found[] = {
+      root.contains("is_causal") ? &root["is_causal"] : nullptr,
+      d != root.end() && d->is_object() && d->contains("is_causal") ? &(*d)["is_causal"] : nullptr,
+      d != root.end() && d->is_object() && d->contains("causal") ? &(*d)["causal"] : nullptr};
+  const char* names[] = {"is_causal", "dflash_config.is_causal", "dflash_config.causal"};
+  for (int i = 0; i < 3; ++i) {
+    if (found[i] == nullptr || found[i]->is_null()) continue;
+    if (!found[i]->is_boolean()) {
+      return Error(source, absl::StrCat("field '", names[i], "' must be true or false"));
+    }
+    if (found[i]->get<bool>()) {
+      return Error(source,
+                   absl::StrCat("field '", names[i],
+                                "' = true (causal full-attention layers) is not supported"));
+    }
+    if (sliding) {
+      return Error(source, absl::StrCat("field '", names[i],
+                                        "' = false with sliding_attention layers (non-causal "
+                                        "sliding layers) is not supported: this trainer's sliding "
+                                        "layers are causal inside their block"));
+    }
+  }
+  if (root.contains("use_swa") && root["use_swa"].is_boolean() && root["use_swa"].get<bool>()) {
+    return Error(source, "field 'use_swa' (non-causal sliding windows) is not supported");
+  }
+  return absl::OkStatus();
+}
+
+// layer_types (full_attention / sliding_attention, one per layer) and sliding_window.
+absl::Status ParseLayerTypes(const json& root, const std::string& source, DrafterModelConfig& c) {
+  auto it = root.find("layer_types");
+  if (it != root.end() && !it->is_null()) {
+    if (!it->is_array() || static_cast<int64_t>(it->size()) != c.num_hidden_layers) {
+      return Error(source, absl::StrCat("field 'layer_types' must list one type for each of the ",
+                                        c.num_hidden_layers, " layers, got ", it->dump()));
+    }
+    for (const json& t : *it) {
+      if (!t.is_string() || (t.get<std::string>() != "full_attention" &&
+                             t.get<std::string>() != "sliding_attention")) {
+        return Error(source, absl::StrCat("layer_types entry ", t.dump(),
+                                          " is not supported (full_attention or "
+                                          "sliding_attention)"));
+      }
+      c.layer_types.push_back(t.get<std::string>());
+    }
+  }
+  const bool sliding =
+      std::count(c.layer_types.begin(), c.layer_types.end(), "sliding_attention") > 0;
+  if (!sliding) c.layer_types.clear();  // all full: the same drafter as no list
+  FD_RETURN_IF_ERROR(CheckCausality(root, source, sliding));
+  if (!sliding) return absl::OkStatus();
+  if (root.contains("use_sliding_window") && root["use_sliding_window"].is_boolean() &&
+      !root["use_sliding_window"].get<bool>()) {
+    return Error(source,
+                 "layer_types has sliding_attention layers but use_sliding_window is false "
+                 "(HF would drop their window): set it true or the layers to full_attention");
+  }
+  FD_RETURN_IF_ERROR(GetInt(root, "sliding_window", source, c.sliding_window, true, c.block_size));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<int> DefaultTargetLayerIds(int num_target_layers, int n) {
@@ -92,15 +158,6 @@ absl::StatusOr<DrafterModelConfig> ParseDrafterConfig(const std::string& json_te
                  absl::StrCat("input_embedding_scale = ", root["input_embedding_scale"].dump(),
                               " is not supported (only 1)"));
   }
-  if (root.contains("layer_types") && root["layer_types"].is_array()) {
-    for (const json& t : root["layer_types"]) {
-      if (!t.is_string() || t.get<std::string>() != "full_attention") {
-        return Error(source, absl::StrCat("layer_types entry ", t.dump(),
-                                          " is not supported (only full_attention)"));
-      }
-    }
-  }
-
   DrafterModelConfig c;
   FD_RETURN_IF_ERROR(GetInt(root, "hidden_size", source, c.hidden_size, true, 1));
   FD_RETURN_IF_ERROR(GetInt(root, "intermediate_size", source, c.intermediate_size, true, 1));
@@ -152,6 +209,7 @@ absl::StatusOr<DrafterModelConfig> ParseDrafterConfig(const std::string& json_te
     c.target_layer_ids.push_back(id.get<int>());
   }
 
+  FD_RETURN_IF_ERROR(ParseLayerTypes(root, source, c));
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     return Error(source, absl::StrCat("num_attention_heads = ", c.num_attention_heads,
                                       " is not a multiple of num_key_value_heads = ",
@@ -192,6 +250,11 @@ std::string DrafterConfigToJson(const DrafterModelConfig& c) {
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["hidden_act"] = "silu";
   j["attention_bias"] = false;
+  if (!c.layer_types.empty()) {
+    j["layer_types"] = c.layer_types;
+    j["use_sliding_window"] = true;
+    j["sliding_window"] = c.sliding_window;
+  }
   j["mask_token_id"] = c.mask_token_id;
   j["target_layer_ids"] = c.target_layer_ids;
   j["dflash_config"] = {{"mask_token_id", c.mask_token_id},

@@ -25,6 +25,18 @@ struct DrafterModelConfig {
   bool tie_word_embeddings = false;
   int64_t mask_token_id = 0;
   std::vector<int> target_layer_ids;
+  // Per layer, "full_attention" or "sliding_attention"; empty when every layer is full (a config
+  // that lists only full layers reads back empty). A sliding layer's query at position p sees
+  // context positions in (p - sliding_window, anchor) and its block's slots up to its own.
+  std::vector<std::string> layer_types;
+  int64_t sliding_window = 0;  // > 0 exactly when some layer slides
+
+  // The window of layer `i`'s attention: 0 for full attention.
+  int64_t WindowOfLayer(int64_t i) const {
+    return !layer_types.empty() && layer_types[static_cast<size_t>(i)] == "sliding_attention"
+               ? sliding_window
+               : 0;
+  }
 
   // n·H: the width of the concatenated target features.
   int64_t feature_size() const {
@@ -33,7 +45,8 @@ struct DrafterModelConfig {
 };
 
 // Parses config.json text. Accepts block_size / mask_token_id / target_layer_ids inside
-// `dflash_config` or at the top level, and refuses features this trainer does not implement.
+// `dflash_config` or at the top level, and refuses features this trainer does not implement
+// (among them causality overrides other than full layers non-causal, sliding layers causal).
 absl::StatusOr<DrafterModelConfig> ParseDrafterConfig(const std::string& json_text,
                                                       const std::string& source);
 absl::StatusOr<DrafterModelConfig> LoadDrafterConfig(const std::string& path);

@@ -33,6 +33,44 @@ TEST(DrafterConfigTest, ParsesTheHeadlineConfig) {
   EXPECT_NE(DrafterConfigToJson(*c).find("\"torch_dtype\": \"bfloat16\""), std::string::npos);
 }
 
+constexpr const char* kSliding =
+    R"("layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                       "sliding_attention", "full_attention"])";
+
+// Sliding-window layers read back as written and go out with the keys SGLang / vLLM read; a list
+// of only full layers (or a non-causal override on them) is the plain drafter.
+TEST(DrafterConfigTest, SlidingWindowLayersRoundTrip) {
+  const std::string base = kQwen3_8B;
+  const std::string text = base.substr(0, base.size() - 1) + ", " + kSliding +
+                           R"(, "sliding_window": 2048, "max_window_layers": 5})";
+  auto c = ParseDrafterConfig(text, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 2048);
+  EXPECT_EQ(c->WindowOfLayer(0), 2048);
+  EXPECT_EQ(c->WindowOfLayer(2), 0);
+  EXPECT_EQ(c->WindowOfLayer(3), 2048);
+  const std::string json = DrafterConfigToJson(*c);
+  EXPECT_THAT(json, HasSubstr(R"("sliding_window": 2048)"));
+  EXPECT_THAT(json, HasSubstr(R"("use_sliding_window": true)"));
+  EXPECT_THAT(json, HasSubstr(R"("layer_types": [)"));
+  EXPECT_THAT(json, ::testing::Not(HasSubstr("causal")));  // servers derive it from layer_types
+  auto again = ParseDrafterConfig(json, "export");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->layer_types, c->layer_types);
+  EXPECT_EQ(again->sliding_window, 2048);
+
+  auto full = ParseDrafterConfig(
+      base.substr(0, base.size() - 1) +
+          R"(, "layer_types": ["full_attention", "full_attention", "full_attention",
+              "full_attention", "full_attention"], "sliding_window": 4096,
+              "use_sliding_window": false, "is_causal": false})",
+      "config.json");
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_TRUE(full->layer_types.empty());
+  EXPECT_EQ(full->sliding_window, 0);
+  EXPECT_EQ(DrafterConfigToJson(*full), DrafterConfigToJson(*ParseDrafterConfig(kQwen3_8B, "x")));
+}
+
 TEST(DrafterConfigTest, DefaultTargetLayerIds) {
   EXPECT_EQ(DefaultTargetLayerIds(36, 5), (std::vector<int>{1, 9, 17, 25, 33}));
   EXPECT_EQ(DefaultTargetLayerIds(28, 5), (std::vector<int>{1, 7, 13, 19, 25}));
@@ -52,7 +90,21 @@ TEST(DrafterConfigTest, RefusesWhatItCannotTrain) {
       {with(R"("final_logit_softcapping": 30.0)"),
        "field 'final_logit_softcapping' is not supported"},
       {with(R"("input_embedding_scale": 2.0)"), "input_embedding_scale = 2.0 is not supported"},
-      {with(R"("layer_types": ["sliding_attention"])"), "layer_types entry \"sliding_attention\""},
+      {with(R"("layer_types": ["sliding_attention"])"),
+       "field 'layer_types' must list one type for each of the 5 layers"},
+      {with(R"("layer_types": ["full_attention", "full_attention", "full_attention",
+               "full_attention", "chunked_attention"], "sliding_window": 64)"),
+       "layer_types entry \"chunked_attention\" is not supported"},
+      {with(kSliding), "missing field 'sliding_window'"},
+      {with(std::string(kSliding) + R"(, "sliding_window": 8)"),
+       "field 'sliding_window' = 8 must be >= 16"},
+      {with(std::string(kSliding) + R"(, "sliding_window": 64, "use_sliding_window": false)"),
+       "use_sliding_window is false"},
+      {with(std::string(kSliding) + R"(, "sliding_window": 64, "is_causal": false)"),
+       "field 'is_causal' = false with sliding_attention layers"},
+      {with(R"("is_causal": true)"), "field 'is_causal' = true (causal full-attention layers)"},
+      {with(R"("is_causal": "no")"), "field 'is_causal' must be true or false"},
+      {with(R"("use_swa": true, "swa_window_size": 2048)"), "field 'use_swa'"},
       {R"({"hidden_size": 8})", "missing field 'intermediate_size'"},
       {"[1]", "not a JSON object"},
       {"{", "not valid JSON"},

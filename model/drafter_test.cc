@@ -69,6 +69,15 @@ TEST(DrafterParityTest, MatchesPythonReferenceOverConfigTable) {
        "--block-size 8 --layers 3 --heads 4 --kv-heads 4 --tied --batch 3 --seq 36 --anchors 7 "
        "--seed 5",
        ""},
+      // Sliding-window layers (a window shorter than the context, and one of exactly a block).
+      {"B4 sliding,full,sliding W6 GQA2",
+       "--block-size 4 --layers 3 --heads 4 --kv-heads 2 --layer-types s,f,s --sliding-window 6 "
+       "--gamma 3",
+       "--gamma 3"},
+      {"B8 sliding W8 (one block) padded",
+       "--block-size 8 --layers 1 --heads 2 --kv-heads 1 "
+       "--layer-types s --sliding-window 8 --batch 3 --seq 36 --anchors 5 --seed 2",
+       ""},
   };
   for (const ParityCase& c : cases) {
     SCOPED_TRACE(c.label);
@@ -213,10 +222,9 @@ namespace {
 // Inference drafts what training computes: a block at T over the context 0..T-1 gives the same
 // logits' argmax whether the context was built at once or grew piece by piece (the KV cache a
 // server keeps), and the same as the training forward for an anchor at T (GQA: 2 heads, 1 KV head).
-TEST(DrafterInferenceTest, DraftingFromAGrowingContextEqualsTheTrainingForward) {
+// With a sliding layer (window 6 over a context of 11) the same holds.
+void ExpectDraftingEqualsTheTrainingForward(const DrafterModelConfig& config) {
   torch::manual_seed(3);
-  DrafterModelConfig config = ::flashdraft::testing::TinyDrafterConfig(32);
-  config.num_hidden_layers = 2;
   Drafter drafter(config);
   drafter->InitWeights(7);
   {  // larger weights than the init, so that argmaxes are decided by the computation
@@ -261,6 +269,64 @@ TEST(DrafterInferenceTest, DraftingFromAGrowingContextEqualsTheTrainingForward) 
   drafter->ExtendContext(other, torch::randn({1, s, config.feature_size()}));
   EXPECT_NE(drafter->Draft(other, first, block), drafted);
   EXPECT_EQ(drafter->Draft(whole, first, 2).size(), 1u);  // a shorter block: its slots only
+}
+
+TEST(DrafterInferenceTest, DraftingFromAGrowingContextEqualsTheTrainingForward) {
+  DrafterModelConfig config = ::flashdraft::testing::TinyDrafterConfig(32);
+  config.num_hidden_layers = 2;
+  ExpectDraftingEqualsTheTrainingForward(config);
+  SCOPED_TRACE("a sliding layer");
+  config.layer_types = {"sliding_attention", "full_attention"};
+  config.sliding_window = 6;
+  ExpectDraftingEqualsTheTrainingForward(config);
+
+  // Only sliding layers: context positions before every slot's window (0..5 of 11 for a window
+  // of 6) change nothing drafted; a position inside it does.
+  config.layer_types = {"sliding_attention", "sliding_attention"};
+  torch::manual_seed(5);
+  Drafter drafter(config);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : drafter->parameters()) {
+      if (p.dim() > 1) p.normal_(0, 0.3);
+    }
+  }
+  drafter->SetFrozen(torch::randn({config.vocab_size, config.hidden_size}),
+                     torch::randn({config.vocab_size, config.hidden_size}));
+  const torch::Tensor features = torch::randn({1, 11, config.feature_size()});
+  DrafterContext base, early, late;
+  drafter->ExtendContext(base, features);
+  torch::Tensor changed = features.clone();
+  changed.narrow(1, 0, 6).normal_(0, 3);
+  drafter->ExtendContext(early, changed);
+  changed = features.clone();
+  changed.narrow(1, 10, 1).normal_(0, 30);
+  drafter->ExtendContext(late, changed);
+  const std::vector<int64_t> drafted = drafter->Draft(base, 5, config.block_size);
+  EXPECT_EQ(drafter->Draft(early, 5, config.block_size), drafted);
+  EXPECT_NE(drafter->Draft(late, 5, config.block_size), drafted);
+  // Causal inside the block: a shorter block drafts the same first tokens.
+  const std::vector<int64_t> shorter = drafter->Draft(base, 5, 3);
+  EXPECT_EQ(shorter, std::vector<int64_t>(drafted.begin(), drafted.begin() + 2));
+
+  // The training forward likewise: the block anchored at 11 is the same to the bit whatever the
+  // features before its window, and not when one inside it changes.
+  torch::NoGradGuard no_grad;
+  const torch::Tensor padded = torch::cat({features, torch::randn({1, 1, features.size(2)})}, 1);
+  std::vector<int64_t> ids(config.block_size, config.mask_token_id);
+  ids[0] = 5;
+  auto forward = [&](const torch::Tensor& f) {
+    return drafter->Forward(f, torch::tensor(ids, torch::kInt64).view({1, 1, -1}),
+                            torch::full({1, 1}, 11, torch::kInt64),
+                            torch::ones({1, 1}, torch::kBool));
+  };
+  const torch::Tensor hidden = forward(padded);
+  torch::Tensor moved = padded.clone();
+  moved.narrow(1, 0, 6).normal_(0, 3);
+  EXPECT_TRUE(torch::equal(forward(moved), hidden));
+  moved = padded.clone();
+  moved.narrow(1, 6, 1).normal_(0, 3);
+  EXPECT_FALSE(torch::equal(forward(moved), hidden));
 }
 
 }  // namespace

@@ -167,6 +167,64 @@ TEST(OnlineTargetTest, ADataMixWeighsItsFiles) {
   EXPECT_THAT(missing.output, HasSubstr("none.jsonl: cannot open"));
 }
 
+// drafter.layer_types / sliding_window: a drafter with a sliding layer trains on the online
+// target (not the bits of the same drafter with full layers), exports the config keys servers
+// read, is served by `flashdraft eval`, and seeds a job with the same layers; a job whose layers
+// differ from the drafter it starts from is refused naming both.
+TEST(OnlineTargetTest, ASlidingWindowDrafterTrainsIsServedAndSeedsAJob) {
+  TempDir dir;
+  auto made = RunCommand(absl::StrCat(kCli, " make-tiny-target --out ", dir.Join("tiny"),
+                                      " --steps 40 --merges 128 --hidden 64 --layers 2"));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  ASSERT_NO_FATAL_FAILURE(
+      WriteTinyJob(dir, absl::StrCat("{source: target, jsonl: ", dir.Join("tiny/chats.jsonl"), "}"),
+                   "{max_steps: 4, global_batch_size: 2}"));
+  auto launch = [&](const std::string& out, const std::string& flags) {
+    return RunCommand(absl::StrCat(kCli, " launch ", dir.Join("job.yaml"), " --workers 1 --out ",
+                                   dir.Join(out), " --set drafter.num_hidden_layers=2 ", flags,
+                                   " 2>&1"));
+  };
+  const std::string sliding =
+      "--set 'drafter.layer_types=[sliding_attention, full_attention]' "
+      "--set drafter.sliding_window=8";
+  auto run = launch("run", sliding);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  auto full = launch("full", "");
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  EXPECT_FALSE(*ReadFile(dir.Join("run/drafter/model.safetensors")) ==
+               *ReadFile(dir.Join("full/drafter/model.safetensors")));
+
+  const nlohmann::json config =
+      nlohmann::json::parse(*ReadFile(dir.Join("run/drafter/config.json")), nullptr, false);
+  ASSERT_TRUE(config.is_object());
+  EXPECT_EQ(config["layer_types"], nlohmann::json::array({"sliding_attention", "full_attention"}));
+  EXPECT_EQ(config["sliding_window"], 8);
+  EXPECT_EQ(config["use_sliding_window"], true);
+  EXPECT_FALSE(nlohmann::json::parse(*ReadFile(dir.Join("full/drafter/config.json")))
+                   .contains("layer_types"));
+
+  auto served =
+      RunCommand(absl::StrCat(kCli, " eval --target ", dir.Join("tiny"), " --drafter ",
+                              dir.Join("run/drafter"), " --prompts ", dir.Join("tiny/chats.jsonl"),
+                              " --limit 2 --max-new-tokens 24 --json 2>/dev/null"));
+  ASSERT_EQ(served.exit_code, 0) << served.output;
+  const nlohmann::json report = nlohmann::json::parse(served.output, nullptr, false);
+  ASSERT_TRUE(report.is_object()) << served.output;
+  EXPECT_EQ(report["lossless"], true);
+  EXPECT_EQ(report["prompts"], 2);
+
+  const std::string from = " --set drafter.init_from=" + dir.Join("run/drafter");
+  auto tuned = launch("tuned", sliding + from);
+  ASSERT_EQ(tuned.exit_code, 0) << tuned.output;
+  EXPECT_THAT(tuned.output, HasSubstr("starts from " + dir.Join("run/drafter")));
+  auto wrong = launch("wrong", from);
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_THAT(wrong.output,
+              HasSubstr("run/drafter/config.json: its layers are [sliding_attention, "
+                        "full_attention] with sliding_window 8 but the job's drafter has all "
+                        "full_attention"));
+}
+
 }  // namespace
 }  // namespace flashdraft
 

@@ -96,8 +96,17 @@ def drafter_loss(cfg, p, frozen, batch, gamma):
         kv = torch.arange(S + N * B)
         ctx_ok = (kv[None, :] < S) & (kv[None, :] < a[j][:, None])
         blk_ok = (kv[None, :] >= S) & (((kv[None, :] - S) // B) == j[:, None])
-        allow = keep[j][:, None] & (ctx_ok | blk_ok)
+        allow_full = keep[j][:, None] & (ctx_ok | blk_ok)
+        # A sliding layer (SpecForge's rule): the query at position a + t sees context positions
+        # >= a + t - (W - 1) and its block's slots <= t.
+        t = torch.arange(N * B) % B
+        W = cfg.get("sliding_window") or 0
+        ctx_win = ctx_ok & (kv[None, :] >= (a[j] + t - (W - 1))[:, None])
+        blk_causal = blk_ok & (((kv[None, :] - S) % B) <= t[:, None])
+        allow_sliding = keep[j][:, None] & (ctx_win | blk_causal)
+        layer_types = cfg.get("layer_types") or ["full_attention"] * cfg["num_hidden_layers"]
         for i in range(cfg["num_hidden_layers"]):
+            allow = allow_sliding if layer_types[i] == "sliding_attention" else allow_full
             pre = f"layers.{i}."
             xn = rmsnorm(x, p[pre + "input_layernorm.weight"], eps)
             q = (xn @ p[pre + "self_attn.q_proj.weight"].T).view(N * B, nh, hd)
@@ -151,6 +160,12 @@ def make_case(args):
         "max_position_embeddings": 4096, "tie_word_embeddings": bool(args.tied),
         "dflash_config": {"mask_token_id": mask_id, "target_layer_ids": [1, 5, 9]},
     }
+    if args.layer_types:
+        names = {"f": "full_attention", "s": "sliding_attention"}
+        cfg["layer_types"] = [names[x] for x in args.layer_types.split(",")]
+        assert len(cfg["layer_types"]) == args.layers
+        cfg["use_sliding_window"] = True
+        cfg["sliding_window"] = args.sliding_window
     f64 = dict(dtype=torch.float64)
 
     def randn(*shape, scale=0.2):
@@ -228,4 +243,6 @@ if __name__ == "__main__":
     ap.add_argument("--seq", type=int, default=40)
     ap.add_argument("--anchors", type=int, default=6)
     ap.add_argument("--gamma", type=float, default=0.0)
+    ap.add_argument("--layer-types", default="", help="per layer f (full) or s (sliding): s,f")
+    ap.add_argument("--sliding-window", type=int, default=0)
     make_case(ap.parse_args())
