@@ -30,6 +30,9 @@ class DrafterStepCommand : public Command {
     app().add_option("--out", files_.out, "output safetensors")->required();
     gamma_option_ =
         app().add_option("--gamma", gamma_, "loss decay (default 7/5/4 for block size 16/10/8)");
+    app().add_option("--ce-weight", files_.ce_weight,
+                     "α of α·CE + (1−α)·KL(target ‖ drafter): 1 cross-entropy (default), 0 KL; "
+                     "below 1 the batch needs teacher_hidden [b, S, H]");
   }
 
   int Run() override {

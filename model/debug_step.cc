@@ -27,13 +27,23 @@ absl::Status RunDrafterDebugStep(const DrafterStepFiles& files) {
                                                    config.block_size,
                                                    " (defaults exist for 8, 10 and 16)"));
   }
+  if (!(files.ce_weight >= 0 && files.ce_weight <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ce-weight must be in [0, 1], got ", files.ce_weight));
+  }
   FD_ASSIGN_OR_RETURN(auto weights, SafetensorsModel::Open(files.weights));
   FD_ASSIGN_OR_RETURN(auto batch_file, SafetensorsFile::Open(files.batch));
   FD_ASSIGN_OR_RETURN(DrafterBatch batch, LoadDrafterBatch(*batch_file, config));
+  if (files.ce_weight < 1 && !batch.teacher_hidden.defined()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(files.batch, ": --ce-weight ", files.ce_weight,
+                     " (distillation) needs tensor 'teacher_hidden' [b, S, H]: the target's last "
+                     "hidden state after its final norm"));
+  }
 
   Drafter drafter(config);
   FD_RETURN_IF_ERROR(LoadDrafterWeights(*drafter, *weights));
-  DrafterLossResult result = drafter->Loss(batch, gamma);
+  DrafterLossResult result = drafter->Loss(batch, gamma, std::nullopt, files.ce_weight);
   result.loss.backward();
 
   std::vector<torch::Tensor> keep_alive;
@@ -46,6 +56,10 @@ absl::Status RunDrafterDebugStep(const DrafterStepFiles& files) {
   FD_RETURN_IF_ERROR(add("loss", result.loss.detach().reshape({})));
   const std::vector<double> acc = result.SlotAccuracy();
   FD_RETURN_IF_ERROR(add("slot_accuracy", torch::tensor(acc, torch::kFloat64)));
+  if (files.ce_weight < 1) {  // Σ w·KL / Σ w, the distillation term alone
+    const double kl = result.weight_sum > 0 ? result.weighted_kl_sum / result.weight_sum : 0.0;
+    FD_RETURN_IF_ERROR(add("kl", torch::tensor(kl, torch::kFloat64)));
+  }
   for (const auto& item : drafter->named_parameters()) {
     const torch::Tensor& grad = item.value().grad();
     FD_RETURN_IF_ERROR(add(item.key(), grad.defined() ? grad : torch::zeros_like(item.value())));

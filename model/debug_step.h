@@ -16,6 +16,9 @@ struct DrafterStepFiles {
   std::string batch;    // input_ids, loss_mask, hidden_states, anchors
   std::string out;      // loss, slot_accuracy, and the gradient of every trainable parameter
   std::optional<double> gamma;  // loss decay; default from the block size (7/5/4 for 16/10/8)
+  // α of α·CE + (1−α)·KL; below 1 the batch needs teacher_hidden [b, S, H] (the target's final-
+  // normed last hidden state).
+  double ce_weight = 1.0;
 };
 
 absl::Status RunDrafterDebugStep(const DrafterStepFiles& files);

@@ -248,8 +248,29 @@ std::vector<int64_t> DrafterImpl::Draft(const DrafterContext& context, int64_t f
   return std::vector<int64_t>(best.data_ptr<int64_t>(), best.data_ptr<int64_t>() + block - 1);
 }
 
+namespace {
+
+// Σ w·loss over the predicted rows and their hits; fills the result's CE and KL sums.
+std::pair<torch::Tensor, torch::Tensor> LossOfRows(
+    const torch::Tensor& h, const torch::Tensor& head, const torch::Tensor& labels,
+    const torch::Tensor& weights, const torch::Tensor& teacher, double ce_weight,
+    torch::ScalarType compute, DrafterLossResult& result) {
+  if (teacher.defined()) {
+    const WeightedDistillation d =
+        ChunkedWeightedDistillation(h, head, labels, teacher, weights, ce_weight, compute);
+    result.weighted_ce_sum = d.weighted_ce.item<double>();
+    result.weighted_kl_sum = d.weighted_kl.item<double>();
+    return {d.weighted_sum, d.hits};
+  }
+  const WeightedCrossEntropy ce = ChunkedWeightedCrossEntropy(h, head, labels, weights, compute);
+  result.weighted_ce_sum = ce.weighted_sum.item<double>();
+  return {ce.weighted_sum, ce.hits};
+}
+
+}  // namespace
+
 DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
-                                    std::optional<double> normaliser) {
+                                    std::optional<double> normaliser, double ce_weight) {
   const DrafterModelConfig& c = config_;
   const int64_t b = batch.input_ids.size(0), s = batch.input_ids.size(1);
   const int64_t n = batch.anchors.size(1), block = c.block_size;
@@ -281,19 +302,25 @@ DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
       hidden.narrow(2, 1, block - 1).reshape({-1, c.hidden_size}).index_select(0, rows);
   const torch::Tensor row_labels = labels.reshape(-1).index_select(0, rows);
   const torch::Tensor row_w = w.reshape(-1).index_select(0, rows);
-  const WeightedCrossEntropy ce =
-      ChunkedWeightedCrossEntropy(h, ComputeHead(), row_labels, row_w, compute_);
-  const torch::Tensor& wce = ce.weighted_sum;
-
   DrafterLossResult result;
-  result.weighted_ce_sum = wce.item<double>();
+  torch::Tensor teacher;
+  if (ce_weight < 1.0) {
+    TORCH_CHECK(batch.teacher_hidden.defined(), "distillation needs the target's hidden states");
+    // The target's distribution of x[a + k] is its lm_head at position a + k − 1.
+    const torch::Tensor source =
+        (torch::arange(b, opts).view({b, 1}) * s + target_c.view({b, -1}) - 1).reshape(-1);
+    teacher = batch.teacher_hidden.reshape({b * s, -1})
+                  .index_select(0, source.index_select(0, rows))
+                  .to(torch::kFloat32);
+  }
+  auto [objective, hit] =
+      LossOfRows(h, ComputeHead(), row_labels, row_w, teacher, ce_weight, compute_, result);
   result.weight_sum = w.to(torch::kFloat64).sum().item<double>();  // exact across splits
   const double denom = normaliser.value_or(result.weight_sum);
-  result.loss = denom > 0 ? wce / denom : wce * 0.0;
+  result.loss = denom > 0 ? objective / denom : objective * 0.0;
 
   torch::NoGradGuard no_grad;
   const torch::Tensor slot = rows.remainder(block - 1);
-  const torch::Tensor& hit = ce.hits;
   const torch::Tensor correct =
       torch::zeros({block - 1}, opts).index_add_(0, slot, hit).to(torch::kCPU);
   const torch::Tensor total =
@@ -378,6 +405,18 @@ absl::StatusOr<DrafterBatch> LoadDrafterBatch(const SafetensorsFile& file,
   batch.loss_mask = ToTorch(mask).to(torch::kInt64);
   batch.hidden_states = ToTorch(feats).to(torch::kFloat32);
   batch.anchors = ToTorch(anchors);
+  if (file.Contains("teacher_hidden")) {  // for distillation
+    FD_ASSIGN_OR_RETURN(TensorView teacher, file.Get("teacher_hidden"));
+    const std::vector<int64_t> teacher_shape = {b, s, config.hidden_size};
+    if ((teacher.dtype != DType::kF32 && teacher.dtype != DType::kBF16 &&
+         teacher.dtype != DType::kF16) ||
+        teacher.shape != teacher_shape) {
+      return error("teacher_hidden",
+                   absl::StrCat(DTypeName(teacher.dtype), " ", ShapeString(teacher.shape),
+                                ", expected F32, BF16 or F16 ", ShapeString(teacher_shape)));
+    }
+    batch.teacher_hidden = ToTorch(teacher).to(torch::kFloat32);
+  }
   const int64_t max_id = batch.input_ids.max().item<int64_t>();
   const int64_t min_id = batch.input_ids.min().item<int64_t>();
   if (min_id < 0 || max_id >= config.vocab_size) {

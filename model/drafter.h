@@ -56,11 +56,15 @@ struct DrafterBatch {
   torch::Tensor loss_mask;      // [b, S] any integer or bool dtype, 1 on assistant tokens
   torch::Tensor hidden_states;  // [b, S, n·H] target features (float)
   torch::Tensor anchors;        // [b, N] int64, sorted, -1 = empty slot
+  // [b, S, H] float, for distillation only (ce_weight < 1): the target's last hidden state after
+  // its final norm, what its lm_head reads; position p gives the target's distribution of x[p+1].
+  torch::Tensor teacher_hidden;
 };
 
 struct DrafterLossResult {
-  torch::Tensor loss;                 // Σ w·CE / normaliser, differentiable
+  torch::Tensor loss;                 // Σ w·(α·CE + (1−α)·KL) / normaliser, differentiable
   double weighted_ce_sum = 0;         // Σ w·CE
+  double weighted_kl_sum = 0;         // Σ w·KL(target ‖ drafter); 0 without distillation
   double weight_sum = 0;              // Σ w
   std::vector<int64_t> slot_correct;  // slots 1..B-1: [argmax == label]·keep·valid·loss_mask
   std::vector<int64_t> slot_total;    // slots 1..B-1: keep·valid·loss_mask
@@ -102,9 +106,11 @@ class DrafterImpl : public torch::nn::Module {
                         const torch::Tensor& anchors, const torch::Tensor& keep);
 
   // The DFlash loss of a batch. `gamma`: loss decay. `normaliser`: the Σw the loss is divided by
-  // (the global Σw across workers); defaults to this batch's own Σw.
+  // (the global Σw across workers); defaults to this batch's own Σw. `ce_weight` α: each predicted
+  // position's loss is α·CE(next token) + (1−α)·KL(target's distribution ‖ drafter's), with the
+  // same decayed weight; α < 1 needs batch.teacher_hidden.
   DrafterLossResult Loss(const DrafterBatch& batch, double gamma,
-                         std::optional<double> normaliser = std::nullopt);
+                         std::optional<double> normaliser = std::nullopt, double ce_weight = 1.0);
 
   // Appends the target features of the next positions, [1, m, n·H], to `context`.
   void ExtendContext(DrafterContext& context, const torch::Tensor& features);

@@ -74,6 +74,13 @@ TEST(DrafterParityTest, MatchesPythonReferenceOverConfigTable) {
        "--block-size 4 --layers 3 --heads 4 --kv-heads 2 --layer-types s,f,s --sliding-window 6 "
        "--gamma 3",
        "--gamma 3"},
+      // Distillation: KL alone, and a mix with cross-entropy.
+      {"B4 KL", "--block-size 4 --layers 1 --heads 4 --kv-heads 2 --gamma 3 --ce-weight 0",
+       "--gamma 3 --ce-weight 0"},
+      {"B8 0.3 CE + 0.7 KL, 2 layers padded",
+       "--block-size 8 --layers 2 --heads 4 --kv-heads 1 --batch 3 --seq 36 --anchors 5 "
+       "--ce-weight 0.3 --seed 3",
+       "--ce-weight 0.3"},
       {"B8 sliding W8 (one block) padded",
        "--block-size 8 --layers 1 --heads 2 --kv-heads 1 "
        "--layer-types s --sliding-window 8 --batch 3 --seq 36 --anchors 5 --seed 2",
@@ -204,6 +211,21 @@ TEST(DrafterDebugStepTest, BadFilesGetClearErrors) {
   r = Step(dir.path(), "", "w.safetensors", "b_nomask.safetensors");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("no tensor named 'loss_mask'"));
+
+  // Distillation needs the target's hidden states, of the target's width.
+  r = Step(dir.path(), "--ce-weight 0.5");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("--ce-weight 0.5 (distillation) needs tensor 'teacher_hidden'"));
+  r = Step(dir.path(), "--ce-weight 1.5");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("--ce-weight must be in [0, 1], got 1.5"));
+  auto bad_teacher = batch;
+  bad_teacher["teacher_hidden"] = torch::zeros({2, 40, 31});
+  rewrite(dir.Join("b_teacher.safetensors"), bad_teacher);
+  r = Step(dir.path(), "--ce-weight 0", "w.safetensors", "b_teacher.safetensors");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("tensor 'teacher_hidden': F32 [2, 40, 31], expected F32, BF16 "
+                                  "or F16 [2, 40, 32]"));
 
   // Block size 12 has no default decay.
   r = RunCommand(

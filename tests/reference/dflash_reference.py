@@ -8,6 +8,7 @@ Run with /usr/bin/python3 (Debian python3-torch). Writes one parity case into a 
 
 usage: dflash_reference.py OUT_DIR --seed S --block-size B --layers L --heads NH --kv-heads KV
                            [--tied] [--batch b] [--seq S] [--anchors N] [--gamma G]
+                           [--layer-types s,f,...] [--sliding-window W] [--ce-weight A]
 """
 import argparse
 import json
@@ -66,8 +67,12 @@ def rope(x, pos, theta):
     return x * emb.cos() + rotated * emb.sin()
 
 
-def drafter_loss(cfg, p, frozen, batch, gamma):
-    """Returns (loss, slot_correct [B-1], slot_total [B-1]) over the whole batch."""
+def drafter_loss(cfg, p, frozen, batch, gamma, ce_weight=1.0):
+    """Returns (loss, slot_correct [B-1], slot_total [B-1], kl) over the whole batch.
+
+    Each predicted position's loss is ce_weight * CE + (1 - ce_weight) * KL(p_target || p_drafter),
+    p_target = softmax(teacher_hidden[a + k - 1] @ lm_head.T); kl is sum(w * KL) / sum(w).
+    """
     H, B = cfg["hidden_size"], cfg["block_size"]
     nh, kvh, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
@@ -79,6 +84,7 @@ def drafter_loss(cfg, p, frozen, batch, gamma):
     N = anchors_all.shape[1]
     total_wce = torch.zeros((), dtype=torch.float64)
     total_w = torch.zeros((), dtype=torch.float64)
+    total_kl = torch.zeros((), dtype=torch.float64)
     correct = torch.zeros(B - 1, dtype=torch.float64)
     count = torch.zeros(B - 1, dtype=torch.float64)
     for s in range(bsz):
@@ -138,13 +144,22 @@ def drafter_loss(cfg, p, frozen, batch, gamma):
             m = valid.to(torch.float64) * lm[tgt_c]
             w = m * math.exp(-(k_slot - 1) / gamma)
             ce = torch.nn.functional.cross_entropy(logits[:, k_slot], labels, reduction="none")
-            total_wce = total_wce + (w * ce).sum()
+            per_row = ce
+            if ce_weight < 1.0:
+                teacher = batch["teacher_hidden"][s].to(torch.float64)[tgt_c - 1] @ lm_head.T
+                log_pt = torch.log_softmax(teacher, -1)
+                log_ps = torch.log_softmax(logits[:, k_slot], -1)
+                kl = (log_pt.exp() * (log_pt - log_ps)).sum(-1)
+                per_row = ce_weight * ce + (1.0 - ce_weight) * kl
+                total_kl = total_kl + (w * kl).sum().detach()
+            total_wce = total_wce + (w * per_row).sum()
             total_w = total_w + w.sum()
             hit = (logits[:, k_slot].argmax(-1) == labels).to(torch.float64)
             correct[k_slot - 1] += (hit * m).sum().detach()
             count[k_slot - 1] += m.sum()
     loss = total_wce / total_w if total_w > 0 else total_wce * 0
-    return loss, correct, count
+    kl = total_kl / total_w if total_w > 0 else total_kl
+    return loss, correct, count, kl
 
 
 def make_case(args):
@@ -208,10 +223,13 @@ def make_case(args):
         anchors[s, : len(chosen)] = torch.tensor(chosen, dtype=torch.int64)
     feats = randn(bsz, S, n_feat * H, scale=1.0).float()
     batch = {"input_ids": ids, "loss_mask": loss_mask, "hidden_states": feats, "anchors": anchors}
+    if args.ce_weight < 1.0:  # the target's final-normed last hidden state, per position
+        batch["teacher_hidden"] = randn(bsz, S, H, scale=1.0).float()
 
     params = {k: v.clone().requires_grad_(True) for k, v in p.items()}
     gamma = args.gamma if args.gamma else {16: 7.0, 10: 5.0, 8: 4.0}[B]
-    loss, correct, count = drafter_loss(cfg, params, (embed, lm_head), batch, gamma)
+    loss, correct, count, kl = drafter_loss(cfg, params, (embed, lm_head), batch, gamma,
+                                            args.ce_weight)
     loss.backward()
 
     os.makedirs(args.out, exist_ok=True)
@@ -225,6 +243,8 @@ def make_case(args):
     write_safetensors(os.path.join(args.out, "b.safetensors"), batch)
     acc = torch.where(count > 0, correct / count.clamp(min=1), torch.zeros_like(count))
     ref = {"loss": loss.detach().float().reshape(()), "slot_accuracy": acc.float()}
+    if args.ce_weight < 1.0:
+        ref["kl"] = kl.float().reshape(())
     for k, v in params.items():
         ref[k] = v.grad.float()
     write_safetensors(os.path.join(args.out, "ref.safetensors"), ref)
@@ -245,4 +265,6 @@ if __name__ == "__main__":
     ap.add_argument("--gamma", type=float, default=0.0)
     ap.add_argument("--layer-types", default="", help="per layer f (full) or s (sliding): s,f")
     ap.add_argument("--sliding-window", type=int, default=0)
+    ap.add_argument("--ce-weight", type=float, default=1.0,
+                    help="alpha of alpha*CE + (1-alpha)*KL; below 1 the batch gets teacher_hidden")
     make_case(ap.parse_args())
