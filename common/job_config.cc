@@ -430,7 +430,9 @@ std::string JobFingerprint(const JobConfig& c) {
   }
   if (c.data.system_prompt.empty()) leave_out.insert("data.system_prompt");
   if (c.data.sources.empty()) leave_out.insert("data.sources");
-  if (c.drafter.layer_types.empty()) leave_out.insert("drafter.layer_types");
+  if (c.drafter.sliding_window == 0) {  // no sliding layer: the list, if any, is all full
+    leave_out.insert("drafter.layer_types");
+  }
   if (c.drafter.sliding_window == 0) leave_out.insert("drafter.sliding_window");
   const std::string yaml = EmitJobYaml(same, leave_out);
   return absl::StrFormat("%08x", Crc32c(yaml.data(), yaml.size()));

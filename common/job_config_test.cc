@@ -218,6 +218,14 @@ TEST(JobConfigTest, SlidingWindowLayersReadBackAndArePartOfTheRun) {
       "plain.yaml");
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_NE(JobFingerprint(*c), JobFingerprint(*plain));
+  // A list of full layers only is the plain drafter, and the same run.
+  auto listed = ParseJobConfig(
+      "output_dir: /o\ndata: {shards_dir: /d}\ndrafter: "
+      "{num_hidden_layers: 3, layer_types: [full_attention, "
+      "full_attention, full_attention]}\n",
+      "listed.yaml");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(JobFingerprint(*listed), JobFingerprint(*plain));
   JobConfig wider = *c;
   wider.drafter.sliding_window = 4096;
   EXPECT_NE(JobFingerprint(wider), JobFingerprint(*c));

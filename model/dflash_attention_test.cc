@@ -30,16 +30,21 @@ Inputs MakeInputs(int64_t b, int64_t h, int64_t n, int64_t block, int64_t s, int
   return in;
 }
 
-TEST(DFlashAttentionTest, ChunkedMatchesDenseForwardAndBackward) {
-  const int64_t b = 2, h = 3, n = 5, block = 4, s = 23, d = 8;
-  for (int64_t chunk_bytes : {int64_t{1}, int64_t{2000}, int64_t{1} << 30}) {
-    SCOPED_TRACE(chunk_bytes);
-    Inputs a = MakeInputs(b, h, n, block, s, d, 1);
-    Inputs r = MakeInputs(b, h, n, block, s, d, 1);
+// The chunked kernel against the dense mask, forward and backward, at three chunkings (one block,
+// a few, all).
+void ExpectChunkedMatchesDense(int64_t h, int64_t window, int64_t middle_chunk_bytes,
+                               uint64_t seed) {
+  const int64_t b = 2, n = 5, block = 4, s = 23, d = 8;
+  for (int64_t chunk_bytes : {int64_t{1}, middle_chunk_bytes, int64_t{1} << 30}) {
+    SCOPED_TRACE(::testing::Message() << "window " << window << ", chunk " << chunk_bytes);
+    Inputs a = MakeInputs(b, h, n, block, s, d, seed);
+    Inputs r = MakeInputs(b, h, n, block, s, d, seed);
+    BlockAttentionOptions options{block, chunk_bytes};
+    options.sliding_window = window;
     torch::Tensor out =
-        DFlashBlockAttention(a.q, a.kc, a.vc, a.kb, a.vb, a.anchors, a.keep, {block, chunk_bytes});
+        DFlashBlockAttention(a.q, a.kc, a.vc, a.kb, a.vb, a.anchors, a.keep, options);
     torch::Tensor ref =
-        DFlashBlockAttentionDense(r.q, r.kc, r.vc, r.kb, r.vb, r.anchors, r.keep, block);
+        DFlashBlockAttentionDense(r.q, r.kc, r.vc, r.kb, r.vb, r.anchors, r.keep, block, window);
     ASSERT_FALSE(out.isnan().any().item<bool>());
     EXPECT_TRUE(torch::allclose(out, ref, 1e-10, 1e-12));
     torch::Tensor g = torch::randn_like(out);
@@ -52,31 +57,15 @@ TEST(DFlashAttentionTest, ChunkedMatchesDenseForwardAndBackward) {
   }
 }
 
+TEST(DFlashAttentionTest, ChunkedMatchesDenseForwardAndBackward) {
+  ExpectChunkedMatchesDense(/*h=*/3, /*window=*/0, 2000, 1);
+}
+
 // Sliding-window layers: the chunked kernel (which also skips the keys before every window of a
-// chunk) equals the dense mask, forward and backward, for windows of one block and longer.
+// chunk) equals the dense mask, for windows of one block and longer.
 TEST(DFlashAttentionTest, SlidingChunkedMatchesDenseForwardAndBackward) {
-  const int64_t b = 2, h = 2, n = 5, block = 4, s = 23, d = 8;
   for (int64_t window : {int64_t{4}, int64_t{7}, int64_t{40}}) {
-    for (int64_t chunk_bytes : {int64_t{1}, int64_t{3000}, int64_t{1} << 30}) {
-      SCOPED_TRACE(::testing::Message() << "window " << window << ", chunk " << chunk_bytes);
-      Inputs a = MakeInputs(b, h, n, block, s, d, 3);
-      Inputs r = MakeInputs(b, h, n, block, s, d, 3);
-      BlockAttentionOptions options{block, chunk_bytes};
-      options.sliding_window = window;
-      torch::Tensor out =
-          DFlashBlockAttention(a.q, a.kc, a.vc, a.kb, a.vb, a.anchors, a.keep, options);
-      torch::Tensor ref =
-          DFlashBlockAttentionDense(r.q, r.kc, r.vc, r.kb, r.vb, r.anchors, r.keep, block, window);
-      ASSERT_FALSE(out.isnan().any().item<bool>());
-      EXPECT_TRUE(torch::allclose(out, ref, 1e-10, 1e-12));
-      torch::Tensor g = torch::randn_like(out);
-      (out * g).sum().backward();
-      (ref * g).sum().backward();
-      for (auto [x, y] : std::vector<std::pair<torch::Tensor, torch::Tensor>>{
-               {a.q, r.q}, {a.kc, r.kc}, {a.vc, r.vc}, {a.kb, r.kb}, {a.vb, r.vb}}) {
-        EXPECT_TRUE(torch::allclose(x.grad(), y.grad(), 1e-10, 1e-12));
-      }
-    }
+    ExpectChunkedMatchesDense(/*h=*/2, window, 3000, 3);
   }
 }
 

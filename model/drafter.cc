@@ -58,6 +58,9 @@ DrafterLayerImpl::DrafterLayerImpl(const DrafterModelConfig& c) {
 }
 
 DrafterImpl::DrafterImpl(DrafterModelConfig config) : config_(std::move(config)) {
+  TORCH_CHECK(config_.layer_types.empty() ||
+                  static_cast<int64_t>(config_.layer_types.size()) == config_.num_hidden_layers,
+              "the drafter's layer_types must name each of its layers");
   attention_options.block_size = config_.block_size;
   fc = register_module("fc", MakeLinear(config_.feature_size(), config_.hidden_size));
   hidden_norm = register_module("hidden_norm", RmsNorm(config_.hidden_size, config_.rms_norm_eps));
@@ -304,14 +307,16 @@ DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
   const torch::Tensor row_w = w.reshape(-1).index_select(0, rows);
   DrafterLossResult result;
   torch::Tensor teacher;
+  TORCH_CHECK(ce_weight >= 0 && ce_weight <= 1, "ce_weight must be in [0, 1]");
   if (ce_weight < 1.0) {
     TORCH_CHECK(batch.teacher_hidden.defined(), "distillation needs the target's hidden states");
     // The target's distribution of x[a + k] is its lm_head at position a + k − 1.
     const torch::Tensor source =
         (torch::arange(b, opts).view({b, 1}) * s + target_c.view({b, -1}) - 1).reshape(-1);
-    teacher = batch.teacher_hidden.reshape({b * s, -1})
-                  .index_select(0, source.index_select(0, rows))
-                  .to(torch::kFloat32);
+    const torch::Tensor& all = batch.teacher_hidden;
+    teacher = all.reshape({b * s, -1})
+                  .index_select(0, source.index_select(0, rows).to(all.device()))
+                  .to(h.device(), torch::kFloat32);
   }
   auto [objective, hit] =
       LossOfRows(h, ComputeHead(), row_labels, row_w, teacher, ce_weight, compute_, result);
@@ -361,6 +366,25 @@ absl::Status LoadDrafterWeights(DrafterImpl& drafter, const SafetensorsModel& we
   return absl::OkStatus();
 }
 
+namespace {
+
+// The batch file's teacher_hidden [b, S, H] (float) for distillation, as fp32.
+absl::StatusOr<torch::Tensor> LoadTeacherHidden(const SafetensorsFile& file, int64_t b, int64_t s,
+                                                int64_t hidden) {
+  FD_ASSIGN_OR_RETURN(TensorView teacher, file.Get("teacher_hidden"));
+  const std::vector<int64_t> shape = {b, s, hidden};
+  if ((teacher.dtype != DType::kF32 && teacher.dtype != DType::kBF16 &&
+       teacher.dtype != DType::kF16) ||
+      teacher.shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file.path(), ": tensor 'teacher_hidden': ", DTypeName(teacher.dtype), " ",
+        ShapeString(teacher.shape), ", expected F32, BF16 or F16 ", ShapeString(shape)));
+  }
+  return ToTorch(teacher).to(torch::kFloat32);
+}
+
+}  // namespace
+
 absl::StatusOr<DrafterBatch> LoadDrafterBatch(const SafetensorsFile& file,
                                               const DrafterModelConfig& config) {
   const std::string& path = file.path();
@@ -405,17 +429,8 @@ absl::StatusOr<DrafterBatch> LoadDrafterBatch(const SafetensorsFile& file,
   batch.loss_mask = ToTorch(mask).to(torch::kInt64);
   batch.hidden_states = ToTorch(feats).to(torch::kFloat32);
   batch.anchors = ToTorch(anchors);
-  if (file.Contains("teacher_hidden")) {  // for distillation
-    FD_ASSIGN_OR_RETURN(TensorView teacher, file.Get("teacher_hidden"));
-    const std::vector<int64_t> teacher_shape = {b, s, config.hidden_size};
-    if ((teacher.dtype != DType::kF32 && teacher.dtype != DType::kBF16 &&
-         teacher.dtype != DType::kF16) ||
-        teacher.shape != teacher_shape) {
-      return error("teacher_hidden",
-                   absl::StrCat(DTypeName(teacher.dtype), " ", ShapeString(teacher.shape),
-                                ", expected F32, BF16 or F16 ", ShapeString(teacher_shape)));
-    }
-    batch.teacher_hidden = ToTorch(teacher).to(torch::kFloat32);
+  if (file.Contains("teacher_hidden")) {
+    FD_ASSIGN_OR_RETURN(batch.teacher_hidden, LoadTeacherHidden(file, b, s, config.hidden_size));
   }
   const int64_t max_id = batch.input_ids.max().item<int64_t>();
   const int64_t min_id = batch.input_ids.min().item<int64_t>();

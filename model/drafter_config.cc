@@ -60,66 +60,97 @@ absl::Status GetPositive(const json& root, const std::string& key, const std::st
 
 // An explicit causality override (vLLM reads `is_causal`, then dflash_config's `causal`): it
 // applies to every layer, and this trainer's layers are non-causal when full, causal when sliding.
-absl::Status CheckCausality(const json& root, const std::string& source, bool sliding) {
+absl::Status CheckCausality(const json& root, const std::string& source, bool any_full,
+                            bool any_sliding) {
   const auto d = root.find("dflash_config");
-  const json* found[] = {
-      root.contains("is_causal") ? &root["is_causal"] : nullptr,
-      d != root.end() && d->is_object() && d->contains("is_causal") ? &(*d)["is_causal"] : nullptr,
-      d != root.end() && d->is_object() && d->contains("causal") ? &(*d)["causal"] : nullptr};
+  const bool in_d = d != root.end() && d->is_object();
+  const json* found[] = {root.contains("is_causal") ? &root["is_causal"] : nullptr,
+                         in_d && d->contains("is_causal") ? &(*d)["is_causal"] : nullptr,
+                         in_d && d->contains("causal") ? &(*d)["causal"] : nullptr};
   const char* names[] = {"is_causal", "dflash_config.is_causal", "dflash_config.causal"};
   for (int i = 0; i < 3; ++i) {
     if (found[i] == nullptr || found[i]->is_null()) continue;
     if (!found[i]->is_boolean()) {
       return Error(source, absl::StrCat("field '", names[i], "' must be true or false"));
     }
-    if (found[i]->get<bool>()) {
+    if (found[i]->get<bool>() && any_full) {
       return Error(source,
                    absl::StrCat("field '", names[i],
                                 "' = true (causal full-attention layers) is not supported"));
     }
-    if (sliding) {
+    if (!found[i]->get<bool>() && any_sliding) {
       return Error(source, absl::StrCat("field '", names[i],
                                         "' = false with sliding_attention layers (non-causal "
                                         "sliding layers) is not supported: this trainer's sliding "
                                         "layers are causal inside their block"));
     }
   }
-  if (root.contains("use_swa") && root["use_swa"].is_boolean() && root["use_swa"].get<bool>()) {
-    return Error(source, "field 'use_swa' (non-causal sliding windows) is not supported");
+  return absl::OkStatus();
+}
+
+// ModelOpt / vLLM's own sliding-window keys (non-causal windows, attention sinks), at the top level
+// or in dflash_config: another attention than this trainer's.
+absl::Status RefuseOtherWindows(const json& root, const std::string& source) {
+  const auto d = root.find("dflash_config");
+  for (const json* scope : {&root, d != root.end() && d->is_object() ? &*d : nullptr}) {
+    if (scope == nullptr) continue;
+    const std::string where = scope == &root ? "" : "dflash_config.";
+    for (const char* key : {"use_swa", "attention_sink_bias", "add_swa_attention_sink_bias"}) {
+      auto it = scope->find(key);
+      if (it == scope->end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) continue;
+      return Error(source, absl::StrCat("field '", where, key, "' = ", it->dump(),
+                                        " (a non-causal sliding window or attention sink) is not "
+                                        "supported; use layer_types and sliding_window"));
+    }
   }
   return absl::OkStatus();
 }
 
-// layer_types (full_attention / sliding_attention, one per layer) and sliding_window.
+// layer_types (full_attention / sliding_attention, one per layer) and sliding_window, read as
+// Hugging Face's Qwen3Config reads them: a window only with use_sliding_window: true.
 absl::Status ParseLayerTypes(const json& root, const std::string& source, DrafterModelConfig& c) {
+  FD_RETURN_IF_ERROR(RefuseOtherWindows(root, source));
+  const bool use_window = root.contains("use_sliding_window") &&
+                          root["use_sliding_window"].is_boolean() &&
+                          root["use_sliding_window"].get<bool>();
   auto it = root.find("layer_types");
-  if (it != root.end() && !it->is_null()) {
-    if (!it->is_array() || static_cast<int64_t>(it->size()) != c.num_hidden_layers) {
-      return Error(source, absl::StrCat("field 'layer_types' must list one type for each of the ",
-                                        c.num_hidden_layers, " layers, got ", it->dump()));
+  if (it == root.end() || it->is_null()) {
+    if (use_window) {
+      return Error(source,
+                   "use_sliding_window is true but there is no 'layer_types' (HF would pick the "
+                   "sliding layers from max_window_layers): list each layer's type");
     }
-    for (const json& t : *it) {
-      if (!t.is_string() || (t.get<std::string>() != "full_attention" &&
-                             t.get<std::string>() != "sliding_attention")) {
-        return Error(source, absl::StrCat("layer_types entry ", t.dump(),
-                                          " is not supported (full_attention or "
-                                          "sliding_attention)"));
-      }
-      c.layer_types.push_back(t.get<std::string>());
-    }
+    return CheckCausality(root, source, /*any_full=*/true, /*any_sliding=*/false);
   }
-  const bool sliding =
-      std::count(c.layer_types.begin(), c.layer_types.end(), "sliding_attention") > 0;
-  if (!sliding) c.layer_types.clear();  // all full: the same drafter as no list
-  FD_RETURN_IF_ERROR(CheckCausality(root, source, sliding));
-  if (!sliding) return absl::OkStatus();
-  if (root.contains("use_sliding_window") && root["use_sliding_window"].is_boolean() &&
-      !root["use_sliding_window"].get<bool>()) {
+  if (!it->is_array() || static_cast<int64_t>(it->size()) != c.num_hidden_layers) {
+    return Error(source, absl::StrCat("field 'layer_types' must list one type for each of the ",
+                                      c.num_hidden_layers, " layers, got ", it->dump()));
+  }
+  for (const json& t : *it) {
+    if (!t.is_string() ||
+        (t.get<std::string>() != "full_attention" && t.get<std::string>() != "sliding_attention")) {
+      return Error(source, absl::StrCat("layer_types entry ", t.dump(),
+                                        " is not supported (full_attention or sliding_attention)"));
+    }
+    c.layer_types.push_back(t.get<std::string>());
+  }
+  const auto sliding = std::count(c.layer_types.begin(), c.layer_types.end(), "sliding_attention");
+  FD_RETURN_IF_ERROR(CheckCausality(root, source, sliding<c.num_hidden_layers, sliding> 0));
+  if (sliding == 0) {
+    c.layer_types.clear();  // all full: the same drafter as no list
+    return absl::OkStatus();
+  }
+  if (!use_window) {
     return Error(source,
-                 "layer_types has sliding_attention layers but use_sliding_window is false "
+                 "layer_types has sliding_attention layers but use_sliding_window is not true "
                  "(HF would drop their window): set it true or the layers to full_attention");
   }
   FD_RETURN_IF_ERROR(GetInt(root, "sliding_window", source, c.sliding_window, true, c.block_size));
+  const json* swa = FindDFlash(root, "swa_window_size");  // vLLM takes it over sliding_window
+  if (swa != nullptr && !swa->is_null() && *swa != json(c.sliding_window)) {
+    return Error(source, absl::StrCat("field 'swa_window_size' = ", swa->dump(),
+                                      " differs from sliding_window = ", c.sliding_window));
+  }
   return absl::OkStatus();
 }
 

@@ -35,7 +35,7 @@ TEST(DrafterConfigTest, ParsesTheHeadlineConfig) {
 
 constexpr const char* kSliding =
     R"("layer_types": ["sliding_attention", "sliding_attention", "full_attention",
-                       "sliding_attention", "full_attention"])";
+                       "sliding_attention", "full_attention"], "use_sliding_window": true)";
 
 // Sliding-window layers read back as written and go out with the keys SGLang / vLLM read; a list
 // of only full layers (or a non-causal override on them) is the plain drafter.
@@ -58,6 +58,16 @@ TEST(DrafterConfigTest, SlidingWindowLayersRoundTrip) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->layer_types, c->layer_types);
   EXPECT_EQ(again->sliding_window, 2048);
+
+  // is_causal: true says what every layer already is when all of them slide.
+  auto all_sliding = ParseDrafterConfig(
+      base.substr(0, base.size() - 1) +
+          R"(, "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention",
+              "sliding_attention", "sliding_attention"], "use_sliding_window": true,
+              "sliding_window": 64, "is_causal": true})",
+      "config.json");
+  ASSERT_TRUE(all_sliding.ok()) << all_sliding.status();
+  EXPECT_EQ(all_sliding->WindowOfLayer(4), 64);
 
   auto full = ParseDrafterConfig(
       base.substr(0, base.size() - 1) +
@@ -98,13 +108,19 @@ TEST(DrafterConfigTest, RefusesWhatItCannotTrain) {
       {with(kSliding), "missing field 'sliding_window'"},
       {with(std::string(kSliding) + R"(, "sliding_window": 8)"),
        "field 'sliding_window' = 8 must be >= 16"},
-      {with(std::string(kSliding) + R"(, "sliding_window": 64, "use_sliding_window": false)"),
-       "use_sliding_window is false"},
+      {with(R"("layer_types": ["sliding_attention", "full_attention", "full_attention",
+               "full_attention", "full_attention"], "sliding_window": 64)"),
+       "use_sliding_window is not true (HF would drop their window)"},
+      {with(R"("use_sliding_window": true, "sliding_window": 64)"),
+       "use_sliding_window is true but there is no 'layer_types'"},
+      {with(std::string(kSliding) + R"(, "sliding_window": 64, "swa_window_size": 128)"),
+       "field 'swa_window_size' = 128 differs from sliding_window = 64"},
+      {with(R"("attention_sink_bias": true)"), "field 'attention_sink_bias' = true"},
       {with(std::string(kSliding) + R"(, "sliding_window": 64, "is_causal": false)"),
        "field 'is_causal' = false with sliding_attention layers"},
       {with(R"("is_causal": true)"), "field 'is_causal' = true (causal full-attention layers)"},
       {with(R"("is_causal": "no")"), "field 'is_causal' must be true or false"},
-      {with(R"("use_swa": true, "swa_window_size": 2048)"), "field 'use_swa'"},
+      {with(R"("use_swa": true, "swa_window_size": 2048)"), "field 'use_swa' = true"},
       {R"({"hidden_size": 8})", "missing field 'intermediate_size'"},
       {"[1]", "not a JSON object"},
       {"{", "not valid JSON"},

@@ -83,16 +83,16 @@ class ChunkedDistillationFunction : public torch::autograd::Function<ChunkedDist
     for (int64_t r0 = 0; r0 < rows; r0 += step) {
       const int64_t n = std::min(step, rows - r0);
       torch::Tensor zs = ChunkLogits(compute, hidden.narrow(0, r0, n), head, buffer_rows, buffer);
-      const torch::Tensor zt = ChunkLogits(compute, teacher.narrow(0, r0, n).to(hidden.dtype()),
-                                           head, buffer_rows, teacher_buffer);
+      torch::Tensor zt = ChunkLogits(compute, teacher.narrow(0, r0, n).to(hidden.dtype()), head,
+                                     buffer_rows, teacher_buffer);
       const torch::Tensor lse_s = torch::logsumexp(zs, -1, /*keepdim=*/true);
       const torch::Tensor lse_t = torch::logsumexp(zt, -1, /*keepdim=*/true);
       const torch::Tensor pt = (zt - lse_t).exp_();
       const torch::Tensor label = labels.narrow(0, r0, n).unsqueeze(1);
       const torch::Tensor w = weights.narrow(0, r0, n).unsqueeze(1);
       const torch::Tensor ce = lse_s - zs.gather(1, label);
-      torch::Tensor kl = zt - zs;  // one more [n, V] at a time, then Σ p_t·(z_t − z_s)
-      kl = kl.mul_(pt).sum(-1, /*keepdim=*/true) + (lse_s - lse_t);
+      // Σ p_t·(z_t − z_s) in z_t's own memory: three [n, V] tensors live at once (z_s, z_t, p_t).
+      const torch::Tensor kl = zt.sub_(zs).mul_(pt).sum(-1, /*keepdim=*/true) + (lse_s - lse_t);
       total += (w * (alpha * ce + (1 - alpha) * kl)).sum();
       total_ce += (w * ce).sum();
       total_kl += (w * kl).sum();
@@ -131,7 +131,7 @@ WeightedDistillation ChunkedWeightedDistillation(
       "distillation: teacher rows [R, H] like the drafter's");
   auto out = ChunkedDistillationFunction::apply(
       hidden, head.detach(), labels, teacher.detach(), weights.detach(), ce_weight,
-      LossChunkRows(head.size(0), chunk_logit_bytes / 2, min_chunk_rows),
+      LossChunkRows(head.size(0), chunk_logit_bytes / 3, std::max<int64_t>(1, min_chunk_rows / 2)),
       hidden.requires_grad() && torch::GradMode::is_enabled(), static_cast<int64_t>(compute));
   return {out[0], out[1], out[2], out[3]};
 }

@@ -22,8 +22,10 @@ struct WeightedCrossEntropy {
 // Distillation: each row's loss is ce_weight·CE(label) + (1 − ce_weight)·KL(p_teacher ‖ p_drafter),
 // where p_teacher = softmax(teacher_row · headᵀ) is the target's own next-token distribution.
 // KL is formed as Σ p_t·(z_t − z_s) + lse_s − lse_t, so it is exactly 0, and so is its gradient,
-// where the drafter's logits equal the teacher's. Chunked like the cross-entropy; a chunk holds
-// half the rows, since the teacher's logits live beside the drafter's.
+// where the drafter's logits equal the teacher's. Chunked like the cross-entropy, but three
+// [rows, vocab] tensors live at once (the drafter's logits, the teacher's, its softmax), so a chunk
+// gets a third of the bytes and half the minimum rows: at Qwen3's vocabulary 128 rows, about 1.5×
+// the cross-entropy chunk's memory.
 struct WeightedDistillation {
   torch::Tensor weighted_sum;  // scalar Σ w·(α·CE + (1−α)·KL), differentiable in `hidden`
   torch::Tensor weighted_ce;   // scalar Σ w·CE (no gradient)
