@@ -432,8 +432,8 @@ std::string JobFingerprint(const JobConfig& c) {
   if (c.data.sources.empty()) leave_out.insert("data.sources");
   if (c.drafter.sliding_window == 0) {  // no sliding layer: the list, if any, is all full
     leave_out.insert("drafter.layer_types");
+    leave_out.insert("drafter.sliding_window");
   }
-  if (c.drafter.sliding_window == 0) leave_out.insert("drafter.sliding_window");
   const std::string yaml = EmitJobYaml(same, leave_out);
   return absl::StrFormat("%08x", Crc32c(yaml.data(), yaml.size()));
 }

@@ -29,12 +29,9 @@ absl::StatusOr<DrafterModelConfig> JobDrafter(const JobConfig& j, const SourceBu
   dc.block_size = j.drafter.block_size;
   if (j.drafter.intermediate_size > 0) dc.intermediate_size = j.drafter.intermediate_size;
   if (j.drafter.mask_token_id >= 0) dc.mask_token_id = j.drafter.mask_token_id;
-  dc.layer_types.clear();
-  dc.sliding_window = 0;
-  if (j.drafter.sliding_window > 0) {  // a validated job: some layer slides
-    dc.layer_types = j.drafter.layer_types;
-    dc.sliding_window = j.drafter.sliding_window;
-  }
+  // A validated job has a window exactly when some layer slides; otherwise all layers are full.
+  dc.sliding_window = j.drafter.sliding_window;
+  dc.layer_types = dc.sliding_window > 0 ? j.drafter.layer_types : std::vector<std::string>{};
   if (dc.feature_size() != bundle.source->feature_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(bundle.label, " hold features of width ", bundle.source->feature_size(),

@@ -17,6 +17,51 @@ torch::nn::Linear MakeLinear(int64_t in, int64_t out) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
 }
 
+// A sliding layer's mask while drafting a block at positions L..L+B-1 over a context of L: the
+// query at L + t sees keys at positions in (L + t - window, L + t]. [B, L + B] bool.
+torch::Tensor SlidingDecodeMask(int64_t context_length, int64_t block, int64_t window,
+                                const torch::Device& device) {
+  const auto opts = torch::TensorOptions().dtype(torch::kInt64).device(device);
+  const torch::Tensor query = torch::arange(block, opts).view({-1, 1}) + context_length;
+  const torch::Tensor key = torch::arange(context_length + block, opts).view({1, -1});
+  return key.le(query).logical_and(key.gt(query - window));
+}
+
+// Σ w·loss over the predicted rows and their hits; fills the result's CE and KL sums.
+std::pair<torch::Tensor, torch::Tensor> LossOfRows(
+    const torch::Tensor& h, const torch::Tensor& head, const torch::Tensor& labels,
+    const torch::Tensor& weights, const torch::Tensor& teacher, double ce_weight,
+    torch::ScalarType compute, DrafterLossResult& result) {
+  if (teacher.defined()) {
+    const WeightedDistillation d =
+        ChunkedWeightedDistillation(h, head, labels, teacher, weights, ce_weight, compute);
+    result.weighted_ce_sum = d.weighted_ce.item<double>();
+    result.weighted_kl_sum = d.weighted_kl.item<double>();
+    return {d.weighted_sum, d.hits};
+  }
+  const WeightedCrossEntropy ce = ChunkedWeightedCrossEntropy(h, head, labels, weights, compute);
+  result.weighted_ce_sum = ce.weighted_sum.item<double>();
+  return {ce.weighted_sum, ce.hits};
+}
+
+// The dtypes a batch file's float tensors may have.
+bool IsFloatDType(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
+// The batch file's teacher_hidden [b, S, H] (float) for distillation, as fp32.
+absl::StatusOr<torch::Tensor> LoadTeacherHidden(const SafetensorsFile& file, int64_t b, int64_t s,
+                                                int64_t hidden) {
+  FD_ASSIGN_OR_RETURN(TensorView teacher, file.Get("teacher_hidden"));
+  const std::vector<int64_t> shape = {b, s, hidden};
+  if (!IsFloatDType(teacher.dtype) || teacher.shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file.path(), ": tensor 'teacher_hidden': ", DTypeName(teacher.dtype), " ",
+        ShapeString(teacher.shape), ", expected F32, BF16 or F16 ", ShapeString(shape)));
+  }
+  return ToTorch(teacher).to(torch::kFloat32);
+}
+
 }  // namespace
 
 RmsNormImpl::RmsNormImpl(int64_t size, double eps_) : eps(eps_) {
@@ -192,20 +237,6 @@ void DrafterImpl::ExtendContext(DrafterContext& context, const torch::Tensor& fe
   context.length += m;
 }
 
-namespace {
-
-// A sliding layer's mask while drafting a block at positions L..L+B-1 over a context of L: the
-// query at L + t sees keys at positions in (L + t - window, L + t]. [B, L + B] bool.
-torch::Tensor SlidingDecodeMask(int64_t context_length, int64_t block, int64_t window,
-                                const torch::Device& device) {
-  const auto opts = torch::TensorOptions().dtype(torch::kInt64).device(device);
-  const torch::Tensor query = torch::arange(block, opts).view({-1, 1}) + context_length;
-  const torch::Tensor key = torch::arange(context_length + block, opts).view({1, -1});
-  return key.le(query).logical_and(key.gt(query - window));
-}
-
-}  // namespace
-
 std::vector<int64_t> DrafterImpl::Draft(const DrafterContext& context, int64_t first_token,
                                         int64_t block) {
   torch::NoGradGuard no_grad;
@@ -250,27 +281,6 @@ std::vector<int64_t> DrafterImpl::Draft(const DrafterContext& context, int64_t f
   const torch::Tensor best = logits.argmax(-1).contiguous();
   return std::vector<int64_t>(best.data_ptr<int64_t>(), best.data_ptr<int64_t>() + block - 1);
 }
-
-namespace {
-
-// Σ w·loss over the predicted rows and their hits; fills the result's CE and KL sums.
-std::pair<torch::Tensor, torch::Tensor> LossOfRows(
-    const torch::Tensor& h, const torch::Tensor& head, const torch::Tensor& labels,
-    const torch::Tensor& weights, const torch::Tensor& teacher, double ce_weight,
-    torch::ScalarType compute, DrafterLossResult& result) {
-  if (teacher.defined()) {
-    const WeightedDistillation d =
-        ChunkedWeightedDistillation(h, head, labels, teacher, weights, ce_weight, compute);
-    result.weighted_ce_sum = d.weighted_ce.item<double>();
-    result.weighted_kl_sum = d.weighted_kl.item<double>();
-    return {d.weighted_sum, d.hits};
-  }
-  const WeightedCrossEntropy ce = ChunkedWeightedCrossEntropy(h, head, labels, weights, compute);
-  result.weighted_ce_sum = ce.weighted_sum.item<double>();
-  return {ce.weighted_sum, ce.hits};
-}
-
-}  // namespace
 
 DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
                                     std::optional<double> normaliser, double ce_weight) {
@@ -366,25 +376,6 @@ absl::Status LoadDrafterWeights(DrafterImpl& drafter, const SafetensorsModel& we
   return absl::OkStatus();
 }
 
-namespace {
-
-// The batch file's teacher_hidden [b, S, H] (float) for distillation, as fp32.
-absl::StatusOr<torch::Tensor> LoadTeacherHidden(const SafetensorsFile& file, int64_t b, int64_t s,
-                                                int64_t hidden) {
-  FD_ASSIGN_OR_RETURN(TensorView teacher, file.Get("teacher_hidden"));
-  const std::vector<int64_t> shape = {b, s, hidden};
-  if ((teacher.dtype != DType::kF32 && teacher.dtype != DType::kBF16 &&
-       teacher.dtype != DType::kF16) ||
-      teacher.shape != shape) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file.path(), ": tensor 'teacher_hidden': ", DTypeName(teacher.dtype), " ",
-        ShapeString(teacher.shape), ", expected F32, BF16 or F16 ", ShapeString(shape)));
-  }
-  return ToTorch(teacher).to(torch::kFloat32);
-}
-
-}  // namespace
-
 absl::StatusOr<DrafterBatch> LoadDrafterBatch(const SafetensorsFile& file,
                                               const DrafterModelConfig& config) {
   const std::string& path = file.path();
@@ -408,7 +399,7 @@ absl::StatusOr<DrafterBatch> LoadDrafterBatch(const SafetensorsFile& file,
                                            ShapeString(ids.shape)));
   }
   FD_ASSIGN_OR_RETURN(TensorView feats, file.Get("hidden_states"));
-  if (feats.dtype != DType::kF32 && feats.dtype != DType::kBF16 && feats.dtype != DType::kF16) {
+  if (!IsFloatDType(feats.dtype)) {
     return error("hidden_states",
                  absl::StrCat("dtype ", DTypeName(feats.dtype), ", expected F32, BF16 or F16"));
   }

@@ -134,9 +134,11 @@ absl::Status ParseLayerTypes(const json& root, const std::string& source, Drafte
     }
     c.layer_types.push_back(t.get<std::string>());
   }
-  const auto sliding = std::count(c.layer_types.begin(), c.layer_types.end(), "sliding_attention");
-  FD_RETURN_IF_ERROR(CheckCausality(root, source, sliding<c.num_hidden_layers, sliding> 0));
-  if (sliding == 0) {
+  const int64_t sliding =
+      std::count(c.layer_types.begin(), c.layer_types.end(), "sliding_attention");
+  const bool any_full = sliding<c.num_hidden_layers, any_sliding = sliding> 0;
+  FD_RETURN_IF_ERROR(CheckCausality(root, source, any_full, any_sliding));
+  if (!any_sliding) {
     c.layer_types.clear();  // all full: the same drafter as no list
     return absl::OkStatus();
   }
