@@ -35,6 +35,9 @@ class PrepareCommand : public Command {
     app().add_flag("--skip-bad-lines", o.skip_bad_lines,
                    "report bad JSONL lines and go on (default: the first is fatal)");
     app().add_flag("--float32", o.float32_features, "F32 features instead of BF16");
+    app().add_flag("--teacher", o.teacher,
+                   "also store the target's final-normed last hidden state (hidden_size values "
+                   "per token), which train.loss kl and mix distil from");
     app().add_option("--tokenizer", o.tokenizer,
                      "tokenizer.json for chat lines (default: <target>/tokenizer.json)");
     app().add_flag("--regenerate", o.regenerate,

@@ -173,12 +173,16 @@ absl::StatusOr<std::vector<int>> PrepareLayers(const PrepareOptions& o, const Ta
 // what it writes and skips, and shows how far through the input it is.
 class SampleWriter {
  public:
-  SampleWriter(const PrepareOptions& o, int64_t feature_size, double input_size)
+  // `teacher_size`: the last columns of feature_size that hold the teacher (0: none).
+  SampleWriter(const PrepareOptions& o, int64_t feature_size, int64_t teacher_size,
+               double input_size)
       : o_(o),
         import_(!o.import_specforge.empty()),
         dtype_(o.float32_features ? DType::kF32 : DType::kBF16),
         input_size_(input_size),
-        writer_(o.out, feature_size, dtype_, o.samples_per_shard) {}
+        writer_(o.out, feature_size, dtype_, o.samples_per_shard) {
+    writer_.SetTeacherSize(teacher_size);
+  }
 
   absl::Status Resume() {
     FD_ASSIGN_OR_RETURN(done_, writer_.ResumeExisting());
@@ -282,6 +286,9 @@ absl::Status ReadLines(const PrepareOptions& o, std::istream& in, TargetModel& m
   int64_t line_no = 0;
   std::vector<int64_t> ids, mask;
   ChatLineReader chat({o.target, o.tokenizer, o.max_new_tokens, o.chat}, model);
+  // The drafter's layers, then with --teacher the last one (its output is after the final norm).
+  std::vector<int> computed = layers;
+  if (o.teacher) computed.push_back(static_cast<int>(model.config().num_hidden_layers) - 1);
   while (std::getline(in, line)) {
     ++line_no;
     if (const std::streamoff at = in.tellg(); at >= 0) out.ShowProgress(static_cast<double>(at));
@@ -300,7 +307,8 @@ absl::Status ReadLines(const PrepareOptions& o, std::istream& in, TargetModel& m
     }
     if (static_cast<int64_t>(ids.size()) > o.max_seq_len) ids.resize(o.max_seq_len);
     const torch::Tensor input = torch::tensor(ids, torch::kInt64).unsqueeze(0);
-    FD_ASSIGN_OR_RETURN(TargetOutput features, model.Forward(input, layers, /*with_logits=*/false));
+    FD_ASSIGN_OR_RETURN(TargetOutput features,
+                        model.Forward(input, computed, /*with_logits=*/false));
     FD_RETURN_IF_ERROR(out.Add(ids, mask, features.features.squeeze(0)));
   }
   return absl::OkStatus();
@@ -312,6 +320,11 @@ absl::Status Prepare(const PrepareOptions& o) {
   const bool import = !o.import_specforge.empty();
   if (import == !o.data.empty()) {
     return absl::InvalidArgumentError("give exactly one of --data and --import-specforge");
+  }
+  if (import && o.teacher) {
+    return absl::InvalidArgumentError(
+        "--teacher needs --data: the target computes its final hidden state, and imported "
+        "SpecForge files hold none");
   }
   FD_ASSIGN_OR_RETURN(auto model, TargetModel::Load(o.target));
   const TargetModelConfig& t = model->config();
@@ -329,11 +342,12 @@ absl::Status Prepare(const PrepareOptions& o) {
   std::filesystem::create_directories(o.out, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", o.out, ": ", ec.message()));
 
-  const int64_t feature_size = static_cast<int64_t>(layers.size()) * t.hidden_size;
+  const int64_t feature_size =
+      static_cast<int64_t>(layers.size() + (o.teacher ? 1 : 0)) * t.hidden_size;
   // How far through the input (bytes of the JSONL, or files imported): a bar on a terminal.
   std::error_code size_error;
   const auto input_bytes = import ? 0 : std::filesystem::file_size(o.data, size_error);
-  SampleWriter out(o, feature_size,
+  SampleWriter out(o, feature_size, o.teacher ? t.hidden_size : 0,
                    import       ? static_cast<double>(files.size())
                    : size_error ? 0.0
                                 : input_bytes);

@@ -11,6 +11,7 @@
 // --import-specforge DIR instead converts SpecForge's offline DFlash samples (one torch.save dict
 // per file, *.pt or *.ckpt: input_ids [S], loss_mask [S], hidden_states [S, n·H]) into shards,
 // without running the target (it only provides the config, embedding and lm_head).
+// --teacher adds the target's final-normed last hidden state to every row (train.loss kl / mix).
 // Resumable: complete shards of an interrupted run are kept and their samples skipped.
 #pragma once
 
@@ -38,6 +39,9 @@ struct PrepareOptions {
   int64_t samples_per_shard = 256;
   bool skip_bad_lines = false;    // otherwise the first bad line is fatal
   bool float32_features = false;  // default BF16
+  // Each row also holds the target's final-normed last hidden state (manifest teacher_size: H),
+  // for train.loss kl / mix. --data only: imported files hold no such state.
+  bool teacher = false;
 };
 
 absl::Status Prepare(const PrepareOptions& options);

@@ -142,10 +142,18 @@ function bars(id, labels, values, o) {
 const steps = D.steps.map(r => r.step + 1);
 if (steps.length) {
   const loss = D.steps.map(r => r.loss);
-  const f = frame('loss', steps, loss, {xLabel: 'step', yLabel: 'loss (weighted CE, nats)'});
+  // train.loss kl / mix: the distillation term beside the cross-entropy.
+  const kl = D.steps.some(r => r.kl !== undefined) ? D.steps.map(r => r.kl || 0) : null;
+  const f = frame('loss', steps, kl ? loss.concat(kl) : loss,
+                  {xLabel: 'step', yLabel: kl ? 'loss (weighted, nats)' : 'loss (weighted CE, nats)'});
   line(f, steps, loss, '#c5cbe0', 1);
   const [sx, sy] = smooth(steps, loss, 120);
   line(f, sx, sy, COLORS[0], 2);
+  if (kl) {
+    const [kx, ky] = smooth(steps, kl, 120);
+    line(f, kx, ky, COLORS[2], 2);
+    legend(f, ['CE', 'KL(target || drafter)'], [COLORS[0], COLORS[2]]);
+  }
   const tau = D.steps.map(r => r.tau_estimate);
   const evals = D.evals.filter(e => e.tau > 0);
   const tf = frame('tau', steps, tau.concat(evals.map(e => e.tau)),

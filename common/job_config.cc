@@ -100,6 +100,8 @@ const std::vector<JobField>& Fields() {
       FD_FIELD(train, lr_schedule, std::string, OneOf({"cosine", "linear", "constant", "wsd"})),
       FD_FIELD(train, decay_ratio, double, Between(0.0, 1.0)),
       FD_FIELD(train, min_lr_ratio, double, Between(0.0, 1.0)),
+      FD_FIELD(train, loss, std::string, OneOf({"ce", "kl", "mix"})),
+      FD_FIELD(train, ce_weight, double, Between(0.0, 1.0)),
       FD_FIELD(train, epochs, int, Between(1, 100000)),
       FD_FIELD(train, max_steps, int64_t, AtLeast<int64_t>(0)),
       FD_FIELD(train, global_batch_size, int, Between(1, 1 << 20)),
@@ -234,6 +236,25 @@ absl::Status ValidateDrafterLayers(const DrafterConfig& d, const std::string& so
   return absl::OkStatus();
 }
 
+namespace {
+
+// train.ce_weight weighs a mix, strictly inside (0, 1); the other losses leave it at its default.
+absl::Status ValidateLoss(const TrainConfig& t, const std::string& source) {
+  if (t.loss == "mix" && (t.ce_weight <= 0.0 || t.ce_weight >= 1.0)) {
+    return Invalid(source, "train.ce_weight",
+                   absl::StrCat("= ", t.ce_weight, " must be strictly between 0 and 1 for ",
+                                "train.loss: mix (0 is kl, 1 is ce)"));
+  }
+  if (t.loss != "mix" && t.ce_weight != TrainConfig().ce_weight) {
+    return Invalid(
+        source, "train.ce_weight",
+        absl::StrCat("= ", t.ce_weight, " weighs train.loss: mix, and the loss is ", t.loss));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
   if (c.output_dir.empty()) return Invalid(source, "output_dir", "must not be empty");
   FD_RETURN_IF_ERROR(ValidateDrafterLayers(c.drafter, source));
@@ -253,6 +274,7 @@ absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
                    absl::StrCat("= ", c.train.decay_ratio, " and train.warmup_ratio = ",
                                 c.train.warmup_ratio, " add up to more than the whole run"));
   }
+  FD_RETURN_IF_ERROR(ValidateLoss(c.train, source));
   if (c.checkpoint.keep_best && c.eval.every_steps == 0) {
     return Invalid(source, "checkpoint.keep_best",
                    "needs eval.every_steps > 0: the best checkpoint is the one evaluated best");
@@ -424,6 +446,10 @@ std::string JobFingerprint(const JobConfig& c) {
   if (c.train.lr_schedule == defaults.lr_schedule) leave_out.insert("train.lr_schedule");
   if (c.train.decay_ratio == defaults.decay_ratio) leave_out.insert("train.decay_ratio");
   if (c.train.min_lr_ratio == defaults.min_lr_ratio) leave_out.insert("train.min_lr_ratio");
+  if (c.train.loss == defaults.loss) {  // ce_weight weighs only a mix
+    leave_out.insert("train.loss");
+    leave_out.insert("train.ce_weight");
+  }
   const DataConfig data_defaults;
   if (c.data.enable_thinking == data_defaults.enable_thinking) {
     leave_out.insert("data.enable_thinking");
@@ -442,6 +468,11 @@ int64_t EffectiveVirtualShards(const JobConfig& c) {
   if (!c.train.deterministic_reduction) return 0;
   if (c.train.virtual_shards > 0) return c.train.virtual_shards;
   return std::max(8, c.cluster.max_workers);
+}
+
+double LossCeWeight(const TrainConfig& t) {
+  if (t.loss == "kl") return 0.0;
+  return t.loss == "mix" ? t.ce_weight : 1.0;
 }
 
 double EffectiveLossDecayGamma(const JobConfig& c) {

@@ -99,6 +99,13 @@ struct TrainConfig {
   std::string lr_schedule = "cosine";
   double decay_ratio = 0.1;  // wsd only
   double min_lr_ratio = 0.0;
+  // The training objective at every drafted position, weighted by DFlash's position decay: "ce"
+  // cross-entropy on the data's next token; "kl" KL(target ‖ drafter), distillation from the
+  // target's own next-token distribution (its final hidden state through the frozen lm_head, one
+  // more feature layer on the wire: hidden_size values per token); "mix" ce_weight x CE + (1 -
+  // ce_weight) x KL.
+  std::string loss = "ce";
+  double ce_weight = 0.5;  // mix only, strictly between 0 and 1
   int epochs = 6;
   // 0: derived from epochs and the data set size.
   int64_t max_steps = 0;
@@ -263,6 +270,12 @@ int64_t EffectiveVirtualShards(const JobConfig& config);
 
 // drafter.loss_decay_gamma after its default for the block size (a validated job has one).
 double EffectiveLossDecayGamma(const JobConfig& config);
+
+// The weight of cross-entropy in the job's objective (train.loss): 1 for ce, 0 for kl, ce_weight
+// for mix; KL has the rest.
+double LossCeWeight(const TrainConfig& train);
+// Whether the objective needs the target's final hidden state (the teacher feature).
+inline bool LossNeedsTeacher(const TrainConfig& train) { return LossCeWeight(train) < 1.0; }
 
 // What makes two runs the same training run, as 8 hex digits: the target, drafter, data and the
 // optimizer's settings and seed. Not the place (output_dir, cluster, checkpoint, metrics,

@@ -231,6 +231,34 @@ TEST(JobConfigTest, SlidingWindowLayersReadBackAndArePartOfTheRun) {
   EXPECT_NE(JobFingerprint(wider), JobFingerprint(*c));
 }
 
+// train.loss and its mix weight read back, give the objective's CE weight, and are part of the run
+// (train.loss: ce, the default, keeps the fingerprint it had before the fields existed).
+TEST(JobConfigTest, TheLossReadsBackAndIsPartOfTheRun) {
+  const std::string base = "output_dir: /o\ndata: {shards_dir: /d}\n";
+  auto mix = ParseJobConfig(base + "train: {loss: mix, ce_weight: 0.25}\n", "job.yaml");
+  ASSERT_TRUE(mix.ok()) << mix.status();
+  EXPECT_EQ(mix->train.loss, "mix");
+  EXPECT_EQ(LossCeWeight(mix->train), 0.25);
+  EXPECT_TRUE(LossNeedsTeacher(mix->train));
+  auto again = ParseJobConfig(JobConfigToYaml(*mix), "again.yaml");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->train.loss, "mix");
+  EXPECT_EQ(again->train.ce_weight, 0.25);
+  auto kl = ParseJobConfig(base + "train: {loss: kl}\n", "job.yaml");
+  auto ce = ParseJobConfig(base + "train: {loss: ce}\n", "job.yaml");
+  auto plain = ParseJobConfig(base, "job.yaml");
+  ASSERT_TRUE(kl.ok() && ce.ok() && plain.ok());
+  EXPECT_EQ(LossCeWeight(kl->train), 0.0);
+  EXPECT_EQ(LossCeWeight(ce->train), 1.0);
+  EXPECT_FALSE(LossNeedsTeacher(plain->train));
+  EXPECT_EQ(JobFingerprint(*ce), JobFingerprint(*plain));
+  EXPECT_NE(JobFingerprint(*kl), JobFingerprint(*plain));
+  EXPECT_NE(JobFingerprint(*mix), JobFingerprint(*kl));
+  JobConfig heavier = *mix;
+  heavier.train.ce_weight = 0.75;
+  EXPECT_NE(JobFingerprint(heavier), JobFingerprint(*mix));
+}
+
 TEST(JobConfigTest, YamlRoundTrip) {
   auto config = LoadJobConfig(FLASHDRAFT_SOURCE_DIR "/deploy/examples/job.yaml");
   ASSERT_TRUE(config.ok());
@@ -279,6 +307,13 @@ TEST(JobConfigTest, BadInputNamesFileFieldAndValue) {
        base + "train: {lr_schedule: wsd, warmup_ratio: 0.5, "
               "decay_ratio: 0.6}\n",
        "field 'train.decay_ratio' = 0.6 and train.warmup_ratio = 0.5 add up to more than"},
+      {"bad loss", base + "train: {loss: mse}\n",
+       "field 'train.loss' = mse must be one of: ce, kl, mix"},
+      {"mix weight at an end", base + "train: {loss: mix, ce_weight: 1}\n",
+       "field 'train.ce_weight' = 1 must be strictly between 0 and 1 for train.loss: mix (0 is "
+       "kl, 1 is ce)"},
+      {"mix weight without a mix", base + "train: {loss: kl, ce_weight: 0.3}\n",
+       "field 'train.ce_weight' = 0.3 weighs train.loss: mix, and the loss is kl"},
       {"floor above one", base + "train: {min_lr_ratio: 1.5}\n",
        "field 'train.min_lr_ratio' = 1.5 must be in [0, 1]"},
       {"best without eval", base + "checkpoint: {keep_best: true}\n",

@@ -72,6 +72,16 @@ absl::StatusOr<ShardManifest> ParseShardManifest(const std::string& text, const 
     return ManifestError(path, "\"feature_dtype\" must be BF16, F16 or F32");
   }
   out.feature_dtype = *dtype;
+  if (m.contains("teacher_size")) {
+    const json& t = m["teacher_size"];
+    if (!t.is_number_unsigned() || t.get<int64_t>() >= out.feature_size) {
+      return ManifestError(path, absl::StrCat("\"teacher_size\" ", t.dump(),
+                                              " must be a non-negative integer below "
+                                              "\"feature_size\" ",
+                                              out.feature_size));
+    }
+    out.teacher_size = t.get<int64_t>();
+  }
   if (m.contains("metadata") && m["metadata"].is_object()) {
     for (auto it = m["metadata"].begin(); it != m["metadata"].end(); ++it) {
       out.metadata[it.key()] =
@@ -96,6 +106,7 @@ std::string ShardManifestJson(const ShardManifest& manifest) {
   m["format"] = kShardFormat;
   m["feature_size"] = manifest.feature_size;
   m["feature_dtype"] = std::string(DTypeName(manifest.feature_dtype));
+  if (manifest.teacher_size > 0) m["teacher_size"] = manifest.teacher_size;
   int64_t total = 0;
   m["shards"] = json::array();
   for (const ShardEntry& s : manifest.shards) {
@@ -208,6 +219,7 @@ absl::Status ShardWriter::Finish() {
   ShardManifest m;
   m.feature_size = feature_size_;
   m.feature_dtype = feature_dtype_;
+  m.teacher_size = teacher_size_;
   m.shards = written_;
   m.metadata = metadata_;
   return WriteFileAtomically(dir_ + "/manifest.json", ShardManifestJson(m));

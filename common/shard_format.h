@@ -2,10 +2,12 @@
 // files, each holding many samples back to back:
 //   input_ids [T] I64, loss_mask [T] U8, hidden_states [T, n·H] (BF16, F16 or F32), offsets [k+1]
 //   I64
-// where sample i of the shard spans tokens offsets[i] .. offsets[i+1]. manifest.json:
+// where sample i of the shard spans tokens offsets[i] .. offsets[i+1]. With "teacher_size", the
+// last teacher_size columns of hidden_states are the target's final-normed last hidden state (the
+// teacher of train.loss kl / mix; `flashdraft prepare --teacher`). manifest.json:
 //   {"format": "flashdraft-shards-v1", "feature_size": n·H, "feature_dtype": "BF16",
-//    "num_samples": N, "shards": [{"file": "shard-00000.safetensors", "num_samples": k,
-//    "num_tokens": T}, ...], "metadata": {...}}
+//    "teacher_size": H (optional), "num_samples": N, "shards": [{"file": "shard-00000.safetensors",
+//    "num_samples": k, "num_tokens": T}, ...], "metadata": {...}}
 // `flashdraft prepare` and `make-shards` write it (ShardWriter); the coordinator reads it
 // (coordinator/sources/shard_source.h). Shard files are mapped, not read.
 #pragma once
@@ -32,8 +34,9 @@ struct ShardEntry {
 };
 
 struct ShardManifest {
-  int64_t feature_size = 0;
+  int64_t feature_size = 0;  // the whole row, teacher columns included
   DType feature_dtype = DType::kBF16;
+  int64_t teacher_size = 0;  // of feature_size, the last columns: the teacher feature (0: none)
   std::optional<uint64_t> num_samples;  // as the manifest states it (checked against the shards)
   std::vector<ShardEntry> shards;
   // Free-form (e.g. the drafter config the shards were made for); values that are not strings
@@ -73,6 +76,8 @@ class ShardWriter {
   absl::Status Add(const std::vector<int64_t>& input_ids, const std::vector<int64_t>& loss_mask,
                    const void* features);
   void SetMetadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
+  // The last `size` of the feature_size columns are the teacher feature (manifest teacher_size).
+  void SetTeacherSize(int64_t size) { teacher_size_ = size; }
   // Adopts the complete shard files an interrupted run left in the directory (shard-00000, -00001,
   // ... in order, each validated); returns how many samples they hold, to be skipped by the caller.
   absl::StatusOr<int64_t> ResumeExisting();
@@ -84,6 +89,7 @@ class ShardWriter {
   std::string dir_;
   int64_t feature_size_;
   DType feature_dtype_;
+  int64_t teacher_size_ = 0;
   int64_t samples_per_shard_;
   std::vector<int64_t> ids_, offsets_{0};
   std::vector<uint8_t> mask_, features_;

@@ -17,8 +17,10 @@ using ::testing::HasSubstr;
 
 // `samples` samples of 3 + i tokens, F32 features of `feature_size` equal to the sample's index,
 // in shards of 4; the writer's manifest as written.
-void WriteSamples(const std::string& dir, int samples, int64_t feature_size) {
+void WriteSamples(const std::string& dir, int samples, int64_t feature_size,
+                  int64_t teacher_size = 0) {
   ShardWriter writer(dir, feature_size, DType::kF32, 4);
+  writer.SetTeacherSize(teacher_size);
   for (int i = 0; i < samples; ++i) {
     const int len = 3 + i;
     std::vector<int64_t> ids(len, i), mask(len, 1);
@@ -51,6 +53,22 @@ TEST(ShardFormatTest, WrittenShardsReadBackSampleBySample) {
   EXPECT_EQ(ShardManifestJson(*m), *ReadFile(dir.Join("manifest.json")));
 }
 
+// Shards with a teacher feature say so in the manifest (teacher_size); others say nothing.
+TEST(ShardFormatTest, TheTeacherColumnsAreInTheManifest) {
+  testing::TempDir dir;
+  WriteSamples(dir.Join("teacher"), 5, 6, 2);
+  absl::StatusOr<ShardManifest> m = ReadShardManifest(dir.Join("teacher"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->feature_size, 6);
+  EXPECT_EQ(m->teacher_size, 2);
+  EXPECT_EQ(ShardManifestJson(*m), *ReadFile(dir.Join("teacher/manifest.json")));
+  WriteSamples(dir.Join("plain"), 5, 6);
+  EXPECT_THAT(*ReadFile(dir.Join("plain/manifest.json")), ::testing::Not(HasSubstr("teacher")));
+  m = ReadShardManifest(dir.Join("plain"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->teacher_size, 0);
+}
+
 TEST(ShardFormatTest, ResumeAdoptsTheCompleteShardsLeftBehind) {
   testing::TempDir dir;
   WriteSamples(dir.path(), 10, 2);
@@ -77,6 +95,10 @@ TEST(ShardFormatTest, BadManifestsAreRefusedNamingTheFileAndKey) {
       {ok_head + R"("feature_dtype": ["BF16"]})", "\"feature_dtype\" must be BF16, F16 or F32"},
       {ok_head + R"("feature_dtype": "I64"})", "\"feature_dtype\" must be BF16, F16 or F32"},
       {ok_head + R"("feature_dtype": "BF16"})", "missing \"shards\" list"},
+      {ok_head + R"("feature_dtype": "BF16", "teacher_size": 4})",
+       "\"teacher_size\" 4 must be a non-negative integer below \"feature_size\" 4"},
+      {ok_head + R"("feature_dtype": "BF16", "teacher_size": "2"})",
+       "\"teacher_size\" \"2\" must be a non-negative integer"},
       {ok_head + R"("feature_dtype": "BF16", "shards": [{"file": "a"}]})",
        "bad shard entry {\"file\":\"a\"}"},
       {ok_head + R"("feature_dtype": "BF16", "shards": [{"file": "a", "num_samples": 1e30}]})",

@@ -21,6 +21,31 @@
 namespace flashdraft {
 namespace {
 
+// The source's rows: the drafter's n·H features, then the teacher's H when train.loss needs it (a
+// source may hold a teacher the loss does not use: it stays off the wire).
+absl::Status CheckFeatureWidths(const JobConfig& j, const SourceBundle& bundle,
+                                const DrafterModelConfig& dc) {
+  const HiddenStateSource& source = *bundle.source;
+  const int64_t layers = source.feature_size() - source.teacher_size();
+  if (layers != dc.feature_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(bundle.label, " hold features of width ", layers,
+                     " but the drafter expects n·H = ", dc.feature_size()));
+  }
+  if (source.teacher_size() != 0 && source.teacher_size() != dc.hidden_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(bundle.label, " hold a teacher feature of width ", source.teacher_size(),
+                     " but the target's hidden size is ", dc.hidden_size));
+  }
+  if (LossNeedsTeacher(j.train) && source.teacher_size() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.loss: ", j.train.loss, " needs the target's final hidden state, and ", bundle.label,
+        " hold none: prepare the shards with `flashdraft prepare --teacher`, or use data.source: "
+        "target"));
+  }
+  return absl::OkStatus();
+}
+
 // The job's drafter: the target's shape (from the data) with the job's drafter settings.
 absl::StatusOr<DrafterModelConfig> JobDrafter(const JobConfig& j, const SourceBundle& bundle) {
   FD_ASSIGN_OR_RETURN(DrafterModelConfig dc,
@@ -32,11 +57,7 @@ absl::StatusOr<DrafterModelConfig> JobDrafter(const JobConfig& j, const SourceBu
   // A validated job has a window exactly when some layer slides; otherwise all layers are full.
   dc.sliding_window = j.drafter.sliding_window;
   dc.layer_types = dc.sliding_window > 0 ? j.drafter.layer_types : std::vector<std::string>{};
-  if (dc.feature_size() != bundle.source->feature_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(bundle.label, " hold features of width ", bundle.source->feature_size(),
-                     " but the drafter expects n·H = ", dc.feature_size()));
-  }
+  FD_RETURN_IF_ERROR(CheckFeatureWidths(j, bundle, dc));
   return dc;
 }
 
@@ -226,6 +247,7 @@ absl::Status Coordinator::WireParts() {
   d.total_steps = total_steps_;
   d.learning_rate = JobLearningRatePlan(j.train, total_steps_);
   d.prefetch_steps = j.data.prefetch_steps;
+  d.send_teacher = LossNeedsTeacher(j.train);
   d.checkpoint_every_steps = j.checkpoint.every_steps;
   d.checkpoint_every_seconds = j.checkpoint.every_seconds;
   d.export_dir = j.output_dir + "/drafter";

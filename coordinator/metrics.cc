@@ -18,6 +18,10 @@ CoordinatorMetrics::CoordinatorMetrics(
       .Set(static_cast<double>(total_steps));
   loss_ = &exporter_.Gauge("flashdraft_loss",
                            "Loss of the last committed step (the global batch's weighted CE)");
+  kl_ =
+      &exporter_.Gauge("flashdraft_kl",
+                       "Distillation loss of the last committed step (the global batch's weighted "
+                       "KL(target || drafter); 0 unless train.loss is kl or mix)");
   tau_ = &exporter_.Gauge("flashdraft_tau_estimate",
                           "Acceptance length estimated from the last step's slot accuracies");
   learning_rate_ =
@@ -91,6 +95,7 @@ CoordinatorMetrics::CoordinatorMetrics(
 void CoordinatorMetrics::RecordStep(const StepRecord& r) {
   step_->Set(static_cast<double>(r.step + 1));
   loss_->Set(r.loss);
+  kl_->Set(r.Kl());
   tau_->Set(r.TauEstimate());
   learning_rate_->Set(r.learning_rate);
   const std::vector<double> accuracy = r.SlotAccuracy();

@@ -72,6 +72,7 @@ class CoordinatorMetrics {
   prometheus::Gauge* step_;
   prometheus::Gauge* numerics_mixed_;
   prometheus::Gauge* loss_;
+  prometheus::Gauge* kl_;
   prometheus::Gauge* tau_;
   prometheus::Gauge* learning_rate_;
   std::vector<prometheus::Gauge*> slot_accuracy_;  // positions 1..B-1

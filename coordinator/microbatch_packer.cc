@@ -8,20 +8,59 @@
 
 namespace flashdraft {
 
-MicrobatchPacker::MicrobatchPacker(int64_t batch, int64_t seq_len, int64_t feature_size,
-                                   DType feature_dtype, size_t max_chunk_bytes)
+FeatureColumns FeatureColumns::Of(const HiddenStateSource& source, bool send_teacher) {
+  FeatureColumns c;
+  c.row = source.feature_size();
+  c.features = source.feature_size() - source.teacher_size();
+  c.teacher = send_teacher ? source.teacher_size() : 0;
+  c.dtype = source.feature_dtype();
+  return c;
+}
+
+MicrobatchPacker::Packed::Packed(size_t bytes, size_t max_chunk_bytes)
+    : bytes(bytes),
+      data(new uint8_t[std::max<size_t>(bytes, 1)]),
+      writer(data.get(), bytes, max_chunk_bytes) {}
+
+MicrobatchPacker::MicrobatchPacker(int64_t batch, int64_t seq_len, const FeatureColumns& columns,
+                                   size_t max_chunk_bytes)
     : batch_(batch),
       seq_len_(seq_len),
-      feature_size_(feature_size),
-      feature_dtype_(feature_dtype),
+      columns_(columns),
       max_chunk_bytes_(max_chunk_bytes),
-      feature_bytes_(static_cast<size_t>(batch * seq_len * feature_size) *
-                     ElementSize(feature_dtype)),
       ids_(std::make_shared<std::vector<int64_t>>(batch * seq_len, 0)),
       mask_(std::make_shared<std::vector<uint8_t>>(batch * seq_len, 0)),
-      features_(new uint8_t[std::max<size_t>(feature_bytes_, 1)]),
-      features_writer_(features_.get(), feature_bytes_, max_chunk_bytes) {
+      features_(
+          static_cast<size_t>(batch * seq_len * columns.features) * ElementSize(columns.dtype),
+          max_chunk_bytes) {
+  if (columns.teacher > 0) {
+    teacher_ = std::make_unique<Packed>(
+        static_cast<size_t>(batch * seq_len * columns.teacher) * ElementSize(columns.dtype),
+        max_chunk_bytes);
+  }
   anchors_.reserve(batch);
+}
+
+// The sample's rows into hidden_states (and teacher_hidden), zero-padded to seq_len.
+absl::Status MicrobatchPacker::CopyColumns(const Sample& sample) {
+  const int64_t len = sample.length();
+  const size_t elem = ElementSize(columns_.dtype);
+  const size_t row_bytes = columns_.row * elem, feature_bytes = columns_.features * elem;
+  if (columns_.features == columns_.row) {  // whole rows: one copy
+    FD_RETURN_IF_ERROR(features_.writer.Copy(sample.features, len * row_bytes));
+  } else {
+    for (int64_t t = 0; t < len; ++t) {
+      FD_RETURN_IF_ERROR(features_.writer.Copy(sample.features + t * row_bytes, feature_bytes));
+    }
+  }
+  FD_RETURN_IF_ERROR(features_.writer.Zero((seq_len_ - len) * feature_bytes));
+  if (teacher_ == nullptr) return absl::OkStatus();
+  const size_t teacher_bytes = columns_.teacher * elem;
+  const uint8_t* first = sample.features + row_bytes - teacher_bytes;
+  for (int64_t t = 0; t < len; ++t) {
+    FD_RETURN_IF_ERROR(teacher_->writer.Copy(first + t * row_bytes, teacher_bytes));
+  }
+  return teacher_->writer.Zero((seq_len_ - len) * teacher_bytes);
 }
 
 absl::Status MicrobatchPacker::Add(const Sample& sample, std::vector<int64_t> anchors) {
@@ -34,9 +73,7 @@ absl::Status MicrobatchPacker::Add(const Sample& sample, std::vector<int64_t> an
   }
   std::copy(sample.input_ids.begin(), sample.input_ids.end(), ids_->begin() + i * seq_len_);
   for (int64_t t = 0; t < len; ++t) (*mask_)[i * seq_len_ + t] = sample.loss_mask[t] != 0;
-  const size_t row_bytes = static_cast<size_t>(feature_size_) * ElementSize(feature_dtype_);
-  FD_RETURN_IF_ERROR(features_writer_.Copy(sample.features, len * row_bytes));
-  FD_RETURN_IF_ERROR(features_writer_.Zero((seq_len_ - len) * row_bytes));
+  FD_RETURN_IF_ERROR(CopyColumns(sample));
   anchors_.push_back(std::move(anchors));
   return absl::OkStatus();
 }
@@ -59,12 +96,16 @@ absl::Status MicrobatchPacker::Encode(std::vector<grpc::ByteBuffer>* out) {
                                          ids_->size() * 8, chunk, ids_, field, out));
   FD_RETURN_IF_ERROR(EncodeTensorBuffers({"loss_mask", DType::kU8, {b, s}}, mask_->data(),
                                          mask_->size(), chunk, mask_, field, out));
-  FD_ASSIGN_OR_RETURN(const std::vector<uint32_t> crcs, features_writer_.Finish());
-  FD_RETURN_IF_ERROR(EncodeTensorBuffers({"hidden_states", feature_dtype_, {b, s, feature_size_}},
-                                         features_.get(), feature_bytes_, chunk, features_, field,
-                                         out, crcs));
-  return EncodeTensorBuffers({"anchors", DType::kI64, {b, n}}, anchors->data(), anchors->size() * 8,
-                             chunk, anchors, field, out);
+  const auto encode_features = [&](const char* name, int64_t width, Packed& p) -> absl::Status {
+    FD_ASSIGN_OR_RETURN(const std::vector<uint32_t> crcs, p.writer.Finish());
+    return EncodeTensorBuffers({name, columns_.dtype, {b, s, width}}, p.data.get(), p.bytes, chunk,
+                               p.data, field, out, crcs);
+  };
+  FD_RETURN_IF_ERROR(encode_features("hidden_states", columns_.features, features_));
+  FD_RETURN_IF_ERROR(EncodeTensorBuffers({"anchors", DType::kI64, {b, n}}, anchors->data(),
+                                         anchors->size() * 8, chunk, anchors, field, out));
+  if (teacher_ == nullptr) return absl::OkStatus();
+  return encode_features("teacher_hidden", columns_.teacher, *teacher_);
 }
 
 }  // namespace flashdraft

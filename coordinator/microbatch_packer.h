@@ -1,9 +1,10 @@
 // The tensors of one microbatch as the Train stream carries them to a worker, after its Microbatch
 // header: right-padded input_ids [b, s] (I64), loss_mask [b, s] (U8), hidden_states [b, s, f] (the
-// source's feature dtype) and anchors [b, n] (I64, -1 padded), each as tensor chunks inside
-// CoordinatorMessage (common/chunk_wire.h). The buffers are shared with gRPC, which sends slices of
-// them and releases them once written; the features are packed by a ChunkCrcWriter, so one pass
-// copies, pads and checksums them.
+// source's feature dtype), anchors [b, n] (I64, -1 padded) and, when the loss distils from the
+// target (train.loss kl / mix), teacher_hidden [b, s, H] (the same dtype), each as tensor chunks
+// inside CoordinatorMessage (common/chunk_wire.h). The buffers are shared with gRPC, which sends
+// slices of them and releases them once written; the features are packed by ChunkCrcWriters, so
+// one pass copies, pads and checksums them.
 #pragma once
 
 #include <grpcpp/support/byte_buffer.h>
@@ -20,31 +21,54 @@
 
 namespace flashdraft {
 
+// Which columns of a source's feature rows travel: the first `features` of each `row` elements as
+// hidden_states and, when `teacher` > 0, the last `teacher` as teacher_hidden (columns between
+// them, such as a teacher the loss does not use, stay behind).
+struct FeatureColumns {
+  int64_t row = 0;
+  int64_t features = 0;
+  int64_t teacher = 0;
+  DType dtype = DType::kBF16;
+
+  // All of a source's layer features, and its teacher columns when `send_teacher`.
+  static FeatureColumns Of(const HiddenStateSource& source, bool send_teacher);
+  // The whole row as hidden_states.
+  static FeatureColumns Whole(int64_t row, DType dtype) { return {row, row, 0, dtype}; }
+};
+
 class MicrobatchPacker {
  public:
   // The tensors a microbatch carries (Microbatch.num_tensors).
-  static constexpr uint32_t kNumTensors = 4;
+  static uint32_t NumTensors(bool teacher) { return teacher ? 5 : 4; }
 
-  // `batch` samples of at most `seq_len` tokens, features of `feature_size` `feature_dtype`
-  // elements per token, sent in chunks of at most `max_chunk_bytes`.
-  MicrobatchPacker(int64_t batch, int64_t seq_len, int64_t feature_size, DType feature_dtype,
+  // `batch` samples of at most `seq_len` tokens whose features have `columns`, sent in chunks of
+  // at most `max_chunk_bytes`.
+  MicrobatchPacker(int64_t batch, int64_t seq_len, const FeatureColumns& columns,
                    size_t max_chunk_bytes = kDefaultMaxChunkBytes);
 
   // The next sample and its anchors; an error naming the sample when it does not fit.
   absl::Status Add(const Sample& sample, std::vector<int64_t> anchors);
-  // The four tensors' chunk messages, appended to `out`, once; an error unless `batch` samples
-  // were added.
+  // The tensors' chunk messages, appended to `out`, once; an error unless `batch` samples were
+  // added.
   absl::Status Encode(std::vector<grpc::ByteBuffer>* out);
 
  private:
-  int64_t batch_, seq_len_, feature_size_;
-  DType feature_dtype_;
+  // One [batch, seq_len, width] feature tensor, packed as samples come.
+  struct Packed {
+    Packed(size_t bytes, size_t max_chunk_bytes);
+    size_t bytes;
+    std::shared_ptr<uint8_t[]> data;
+    ChunkCrcWriter writer;
+  };
+  absl::Status CopyColumns(const Sample& sample);
+
+  int64_t batch_, seq_len_;
+  FeatureColumns columns_;
   size_t max_chunk_bytes_;
-  size_t feature_bytes_;  // of the whole hidden_states tensor
   std::shared_ptr<std::vector<int64_t>> ids_;
   std::shared_ptr<std::vector<uint8_t>> mask_;
-  std::shared_ptr<uint8_t[]> features_;
-  ChunkCrcWriter features_writer_;
+  Packed features_;
+  std::unique_ptr<Packed> teacher_;  // with columns.teacher > 0
   std::vector<std::vector<int64_t>> anchors_;
 };
 

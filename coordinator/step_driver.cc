@@ -200,6 +200,7 @@ absl::Status StepDriver::SendStep(const StepPlan& plan) {
   to.membership_epoch = epoch_;
   to.world_size = world_size_;
   to.learning_rate = LearningRateAt(options_.learning_rate, static_cast<int64_t>(plan.step));
+  to.teacher = options_.send_teacher;
   for (to.rank = 0; to.rank < world_size_; ++to.rank) {
     for (int64_t shard = plan.shard_offsets[to.rank]; shard < plan.shard_offsets[to.rank + 1];
          ++shard) {
@@ -286,6 +287,7 @@ StepDriver::State StepDriver::Commit() {
 void StepDriver::Record(StepRecord& r) {
   r.step_seconds = p_.clock->Now() - step_start_;
   r.learning_rate = LearningRateAt(options_.learning_rate, step_);
+  r.distilled = options_.send_teacher;
   // The record first: a crash while checkpointing must not lose the step from steps.jsonl.
   p_.step_log->Write(r);
   p_.metrics->RecordStep(r);

@@ -41,6 +41,8 @@ struct StepDriverOptions {
   int64_t total_steps = 0;
   LearningRatePlan learning_rate;  // total_steps as above
   int prefetch_steps = 1;
+  // Shards carry the target's final hidden state (train.loss kl / mix; the source holds it).
+  bool send_teacher = false;
   int checkpoint_every_steps = 0;
   double checkpoint_every_seconds = 0;
   std::string export_dir;  // the finished job's drafter (empty: not exported)

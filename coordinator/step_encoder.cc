@@ -19,7 +19,7 @@ v1::Microbatch ShardHeader(const StepPlan& plan, int64_t shard, const ShardAddre
   m.set_world_size(to.world_size);
   m.set_global_weight_sum(plan.global_weight_sum);
   m.set_learning_rate(to.learning_rate);
-  m.set_num_tensors(MicrobatchPacker::kNumTensors);
+  m.set_num_tensors(MicrobatchPacker::NumTensors(to.teacher));
   m.set_shard(static_cast<uint32_t>(shard));
   m.set_num_shards(static_cast<uint32_t>(plan.shards.size()));
   for (int64_t offset : plan.shard_offsets) m.add_shard_offsets(static_cast<uint32_t>(offset));
@@ -38,8 +38,8 @@ absl::Status EncodeShard(const StepPlan& plan, int64_t shard, const ShardAddress
 
   int64_t s = 1;
   for (int64_t len : mb.lengths) s = std::max(s, len);
-  MicrobatchPacker packer(static_cast<int64_t>(mb.samples.size()), s, source.feature_size(),
-                          source.feature_dtype());
+  MicrobatchPacker packer(static_cast<int64_t>(mb.samples.size()), s,
+                          FeatureColumns::Of(source, to.teacher));
   for (uint64_t index : mb.samples) {
     FD_ASSIGN_OR_RETURN(Sample sample, source.Get(index));
     scheduler.Truncate(sample);

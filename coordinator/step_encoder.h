@@ -22,6 +22,8 @@ struct ShardAddress {
   int rank = 0;
   int world_size = 0;
   double learning_rate = 0;
+  // The shard carries the target's final hidden state as teacher_hidden (train.loss kl / mix).
+  bool teacher = false;
 };
 
 // Appends shard `shard` of `plan` to `messages`: its Microbatch header, then its right-padded

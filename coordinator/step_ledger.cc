@@ -75,6 +75,7 @@ absl::StatusOr<StepRecord> StepLedger::Take(uint64_t step) {
     }
     const v1::ShardResult& shard = *results[k];
     r.weighted_loss_sum += shard.weighted_loss_sum();
+    r.weighted_kl_sum += shard.weighted_kl_sum();
     r.weight_sum += shard.weight_sum();
     r.tokens += static_cast<int64_t>(shard.tokens());
     for (int64_t i = 0; i < slots_; ++i) {

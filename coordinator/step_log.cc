@@ -75,6 +75,7 @@ void StepLog::Write(const StepRecord& r) {
                         {"backward", r.backward_seconds},
                         {"allreduce", r.allreduce_seconds},
                         {"optimizer", r.optimizer_seconds}}}};
+  if (r.distilled) j["kl"] = r.Kl();
   if (r.numerics_mixed) j["reproducible"] = false;
   WriteLine(j.dump());
 }

@@ -20,9 +20,11 @@ namespace flashdraft {
 struct StepRecord {
   uint64_t step = 0;
   uint64_t membership_epoch = 0;
-  double loss = 0;
+  double loss = 0;  // Σ w·CE / Σ w, whatever train.loss trains
   double weighted_loss_sum = 0;
+  double weighted_kl_sum = 0;  // Σ w·KL(target ‖ drafter)
   double weight_sum = 0;
+  bool distilled = false;  // train.loss kl / mix: the record says "kl"
   int64_t tokens = 0;
   int world_size = 0;
   std::vector<int64_t> slot_correct, slot_total;
@@ -39,6 +41,7 @@ struct StepRecord {
   bool numerics_mixed = false;
 
   std::vector<double> SlotAccuracy() const;
+  double Kl() const { return weight_sum > 0 ? weighted_kl_sum / weight_sum : 0.0; }
   double TauEstimate() const;
 };
 

@@ -240,7 +240,8 @@ absl::Status FeederProcess::OpenTarget() {
   PinComputeThreads(job_.train.intra_op_threads);
   FD_ASSIGN_OR_RETURN(features_,
                       TargetFeatures::Open(TargetFeatureOptionsFor(job_, o_.target_path)));
-  layout_ = {features_->feature_size(), features_->feature_dtype(), job_.data.max_seq_len};
+  layout_ = {features_->feature_size(), features_->feature_dtype(), job_.data.max_seq_len,
+             features_->teacher_size()};
   return absl::OkStatus();
 }
 

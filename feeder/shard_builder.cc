@@ -48,7 +48,9 @@ absl::StatusOr<std::vector<grpc::ByteBuffer>> BuildShard(const v1::ShardWork& wo
   FD_RETURN_IF_ERROR(ShardFeatureBytes(work, layout).status());
   int64_t s = 1;
   for (const v1::FeedSample& sample : work.samples()) s = std::max<int64_t>(s, sample.length());
-  MicrobatchPacker packer(work.samples_size(), s, layout.feature_size, layout.dtype);
+  MicrobatchPacker packer(work.samples_size(), s,
+                          {layout.feature_size, layout.feature_size - layout.teacher_size,
+                           layout.teacher_size, layout.dtype});
   const size_t row_bytes = static_cast<size_t>(layout.feature_size) * ElementSize(layout.dtype);
   for (const v1::FeedSample& f : work.samples()) {
     Sample sample;

@@ -21,12 +21,14 @@ using ComputeFeatures =
     std::function<absl::StatusOr<std::vector<uint8_t>>(const std::vector<int64_t>& input_ids)>;
 
 struct FeatureLayout {
-  int64_t feature_size = 0;
+  int64_t feature_size = 0;  // of a row, teacher columns included
   DType dtype = DType::kBF16;
   int64_t max_seq_len = 0;  // the job's: a longer kept length is refused
+  // The last columns of each row: the target's final hidden state, sent as teacher_hidden.
+  int64_t teacher_size = 0;
 };
 
-// The bytes of the shard's hidden_states tensor ([b, S, feature_size], S its longest kept sample),
+// The bytes of the shard's feature tensors ([b, S, feature_size], S its longest kept sample),
 // for the feeder's memory budget; an error when the work is malformed (lengths beyond the job's
 // max_seq_len or beyond the sample, a loss mask of another length, anchors out of range).
 absl::StatusOr<uint64_t> ShardFeatureBytes(const v1::ShardWork& work, const FeatureLayout& layout);

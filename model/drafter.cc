@@ -320,6 +320,9 @@ DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
   TORCH_CHECK(ce_weight >= 0 && ce_weight <= 1, "ce_weight must be in [0, 1]");
   if (ce_weight < 1.0) {
     TORCH_CHECK(batch.teacher_hidden.defined(), "distillation needs the target's hidden states");
+    TORCH_CHECK(batch.teacher_hidden.sizes() == torch::IntArrayRef({b, s, c.hidden_size}),
+                "teacher_hidden is ", batch.teacher_hidden.sizes(), ", expected [", b, ", ", s,
+                ", ", c.hidden_size, "]");
     // The target's distribution of x[a + k] is its lm_head at position a + k − 1.
     const torch::Tensor source =
         (torch::arange(b, opts).view({b, 1}) * s + target_c.view({b, -1}) - 1).reshape(-1);

@@ -19,4 +19,12 @@ inline int64_t LossChunkRows(int64_t vocab, int64_t chunk_logit_bytes = kLossChu
   return std::max<int64_t>({1, min_rows, chunk_logit_bytes / std::max<int64_t>(1, vocab * 4)});
 }
 
+// A distillation chunk forms the target's logits beside the drafter's (three [rows, vocab] fp32
+// tensors at once): a third of the bytes, and half the minimum rows.
+inline int64_t DistillationChunkRows(int64_t vocab,
+                                     int64_t chunk_logit_bytes = kLossChunkLogitBytes,
+                                     int64_t min_rows = kMinLossChunkRows) {
+  return LossChunkRows(vocab, chunk_logit_bytes / 3, std::max<int64_t>(1, min_rows / 2));
+}
+
 }  // namespace flashdraft

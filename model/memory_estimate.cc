@@ -52,6 +52,12 @@ void Add(ProcessMemory& p, std::string what, int64_t bytes, bool on_gpu = false)
   if (bytes > 0) p.parts.push_back({std::move(what), bytes, on_gpu});
 }
 
+// Elements per token on the wire: the drafter's n·H features and, with train.loss kl / mix, the
+// target's final hidden state (H more).
+int64_t WireFeatureSize(const JobConfig& job, const DrafterModelConfig& d) {
+  return d.feature_size() + (LossNeedsTeacher(job.train) ? d.hidden_size : 0);
+}
+
 // The target's weights and forward in a process that holds it: one that computes the features
 // (the coordinator without feeders, a feeder), and one that `generates` (whoever regenerates the
 // replies, the coordinator alone or the feeders; the coordinator for evaluation).
@@ -65,7 +71,7 @@ void AddTargetParts(const JobConfig& job, const MemoryInputs& in, bool computes_
   Add(c, absl::StrCat("target weights (", dsize == 2 ? "bf16" : "fp32", ")"), params * dsize, gpu);
   Add(c, "target load buffer (its largest tensor as stored)",
       t.vocab_size * t.hidden_size * in.target_stored_bytes_per_weight);
-  const int n = static_cast<int>(in.drafter.target_layer_ids.size());
+  const int n = static_cast<int>(WireFeatureSize(job, in.drafter) / in.drafter.hidden_size);
   generates = generates && (job.data.regenerate || job.eval.every_steps > 0);
   if (computes_features || generates) {
     Add(c, "target forward at data.max_seq_len",
@@ -84,7 +90,7 @@ void AddTargetParts(const JobConfig& job, const MemoryInputs& in, bool computes_
 int64_t PrefetchBytes(const JobConfig& job, const DrafterModelConfig& d) {
   const int64_t wire = job.target.dtype == "bfloat16" ? 2 : 4;
   return int64_t{job.data.prefetch_steps} * job.train.global_batch_size * job.data.max_seq_len *
-         d.feature_size() * wire * 2;
+         WireFeatureSize(job, d) * wire * 2;
 }
 
 ProcessMemory CoordinatorMemory(const JobConfig& job, const MemoryInputs& in, int feeders) {
@@ -131,9 +137,13 @@ ProcessMemory WorkerMemory(const JobConfig& job, const MemoryInputs& in, int wor
       gpu);
   const int64_t attention =
       std::min(kDrafterChunkBytes, micro * d.num_attention_heads * rows * (s + d.block_size) * 4);
-  const int64_t loss = std::min(rows, LossChunkRows(d.vocab_size)) * d.vocab_size * 4;
-  Add(w, "attention and loss chunks", 4 * attention + 3 * loss + 2 * rows * h * 4, gpu);
-  Add(w, "received features", 2 * micro * s * d.feature_size() * 4);
+  const int64_t chunk_rows = LossNeedsTeacher(job.train) ? DistillationChunkRows(d.vocab_size)
+                                                         : LossChunkRows(d.vocab_size);
+  const int64_t loss = std::min(rows, chunk_rows) * d.vocab_size * 4;
+  // With distillation, the teacher's rows of the step too (rows x H).
+  const int64_t loss_rows = (LossNeedsTeacher(job.train) ? 3 : 2) * rows * h * 4;
+  Add(w, "attention and loss chunks", 4 * attention + 3 * loss + loss_rows, gpu);
+  Add(w, "received features", 2 * micro * s * WireFeatureSize(job, d) * 4);
   Add(w, "gradient all-reduce buckets",
       static_cast<int64_t>(job.cluster.allreduce_bucket_mib * 2 * kMiB), gpu);
   return w;

@@ -67,6 +67,24 @@ TEST(MemoryEstimateTest, PartsFollowTheJobsShapes) {
   EXPECT_THAT(table, HasSubstr("frozen embeddings and lm_head (fp32)"));
 }
 
+// Distillation: the target's final hidden state travels with the features (H more per token of
+// n·H, here 2·H) and its forward runs to the last layer; the loss chunk holds fewer rows.
+TEST(MemoryEstimateTest, DistillationCountsTheTeacherFeature) {
+  JobConfig job;
+  job.data.source = "target";
+  job.data.max_seq_len = 2048;
+  job.drafter.max_anchors = 64;
+  const MemoryInputs in = Qwen3_8b();
+  const JobMemory ce = EstimateJobMemory(job, in, 2);
+  job.train.loss = "kl";
+  const JobMemory kl = EstimateJobMemory(job, in, 2);
+  EXPECT_EQ(Part(kl.worker, "received features") * 2, Part(ce.worker, "received features") * 3);
+  EXPECT_EQ(Part(kl.coordinator, "prefetched features") * 2,
+            Part(ce.coordinator, "prefetched features") * 3);
+  EXPECT_GT(Part(kl.coordinator, "target forward"), Part(ce.coordinator, "target forward"));
+  EXPECT_GT(Part(kl.worker, "attention and loss chunks"), 0);
+}
+
 TEST(MemoryEstimateTest, AJobThatCannotFitIsRefusedNamingTheLargestPart) {
   JobConfig job;
   job.data.source = "target";

@@ -131,7 +131,7 @@ WeightedDistillation ChunkedWeightedDistillation(
       "distillation: teacher rows [R, H] like the drafter's");
   auto out = ChunkedDistillationFunction::apply(
       hidden, head.detach(), labels, teacher.detach(), weights.detach(), ce_weight,
-      LossChunkRows(head.size(0), chunk_logit_bytes / 3, std::max<int64_t>(1, min_chunk_rows / 2)),
+      DistillationChunkRows(head.size(0), chunk_logit_bytes, min_chunk_rows),
       hidden.requires_grad() && torch::GradMode::is_enabled(), static_cast<int64_t>(compute));
   return {out[0], out[1], out[2], out[3]};
 }

@@ -311,6 +311,11 @@ TEST(PrepareTest, MissingInputsAreNamed) {
       RunCommand(absl::StrCat(kBin, "/flashdraft prepare --target ", dir.Join("nope"), " --out ",
                               dir.Join("o"), " --import-specforge ", dir.Join("none")));
   EXPECT_EQ(empty.exit_code, 1);
+  auto teacher =
+      RunCommand(absl::StrCat(kBin, "/flashdraft prepare --target ", dir.Join("nope"), " --out ",
+                              dir.Join("o"), " --import-specforge ", dir.path(), " --teacher"));
+  EXPECT_EQ(teacher.exit_code, 1);
+  EXPECT_THAT(teacher.output, HasSubstr("--teacher needs --data"));
   // A system prompt the job file would refuse is refused here too, before any work.
   auto prompt = RunCommand(absl::StrCat(kBin, "/flashdraft prepare --target ", dir.Join("nope"),
                                         " --data ", dir.Join("d.jsonl"), " --out ", dir.Join("o"),

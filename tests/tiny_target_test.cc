@@ -225,6 +225,100 @@ TEST(OnlineTargetTest, ASlidingWindowDrafterTrainsIsServedAndSeedsAJob) {
                         "full_attention"));
 }
 
+// The step records of `run`/steps.jsonl.
+std::vector<nlohmann::json> StepRecords(const std::string& run) {
+  std::vector<nlohmann::json> steps;
+  std::ifstream in(run + "/steps.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j.contains("loss")) steps.push_back(std::move(j));
+  }
+  return steps;
+}
+
+// train.loss kl / mix: the target's final hidden state travels with the features, from the online
+// target, from a feeder (the same bits) and from shards prepared with --teacher (the same bits
+// again); every step record says its KL, which falls. Shards without the teacher are refused for
+// kl and train ce as before, and a teacher the loss does not use changes nothing.
+TEST(OnlineTargetTest, DistillationTrainsFromTheTargetAFeederAndTeacherShards) {
+  TempDir dir;
+  auto made = RunCommand(absl::StrCat(kCli, " make-tiny-target --out ", dir.Join("tiny"),
+                                      " --steps 40 --merges 128 --hidden 64 --layers 2"));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  ASSERT_NO_FATAL_FAILURE(
+      WriteTinyJob(dir, absl::StrCat("{source: target, jsonl: ", dir.Join("tiny/chats.jsonl"), "}"),
+                   "{max_steps: 8, global_batch_size: 4, learning_rate: 0.003}"));
+  auto launch = [&](const std::string& out, const std::string& flags) {
+    return RunCommand(absl::StrCat(kCli, " launch ", dir.Join("job.yaml"), " --workers 1 --out ",
+                                   dir.Join(out), " ", flags, " 2>&1"));
+  };
+  auto drafter = [&](const std::string& out) {
+    return *ReadFile(dir.Join(out + "/drafter/model.safetensors"));
+  };
+  auto kl = launch("kl", "--set train.loss=kl");
+  ASSERT_EQ(kl.exit_code, 0) << kl.output;
+  const std::vector<nlohmann::json> steps = StepRecords(dir.Join("kl"));
+  ASSERT_EQ(steps.size(), 8u);
+  for (const nlohmann::json& r : steps) {
+    ASSERT_TRUE(r.contains("kl")) << r.dump();
+    EXPECT_GT(r["kl"].get<double>(), 0.0) << r.dump();
+  }
+  EXPECT_LT(steps.back()["kl"].get<double>(), steps.front()["kl"].get<double>());
+  auto ce = launch("ce", "");
+  ASSERT_EQ(ce.exit_code, 0) << ce.output;
+  EXPECT_FALSE(StepRecords(dir.Join("ce")).front().contains("kl"));
+  EXPECT_FALSE(drafter("kl") == drafter("ce"));
+  auto mix = launch("mix", "--set train.loss=mix --set train.ce_weight=0.5");
+  ASSERT_EQ(mix.exit_code, 0) << mix.output;
+  EXPECT_FALSE(drafter("mix") == drafter("kl"));
+  EXPECT_FALSE(drafter("mix") == drafter("ce"));
+
+  auto fed = launch("fed", "--set train.loss=kl --feeders 1");
+  ASSERT_EQ(fed.exit_code, 0) << fed.output;
+  EXPECT_TRUE(drafter("fed") == drafter("kl")) << "a feeder's teacher is the coordinator's";
+
+  const std::string prepare = absl::StrCat(kCli, " prepare --target ", dir.Join("tiny"), " --data ",
+                                           dir.Join("tiny/chats.jsonl"), " --layers 0,1 --out ");
+  auto teacher = RunCommand(prepare + dir.Join("teacher") + " --teacher");
+  ASSERT_EQ(teacher.exit_code, 0) << teacher.output;
+  EXPECT_EQ(nlohmann::json::parse(*ReadFile(dir.Join("teacher/manifest.json")))["teacher_size"],
+            64);
+  auto plain = RunCommand(prepare + dir.Join("plain"));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const auto shards = [&](const std::string& name) {
+    return absl::StrCat("--set data.source=shards --set data.shards_dir=", dir.Join(name));
+  };
+  auto from_shards = launch("kl-shards", "--set train.loss=kl " + shards("teacher"));
+  ASSERT_EQ(from_shards.exit_code, 0) << from_shards.output;
+  EXPECT_TRUE(drafter("kl-shards") == drafter("kl")) << "prepared teacher = the online one";
+  auto refused = launch("kl-plain", "--set train.loss=kl " + shards("plain"));
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_THAT(
+      refused.output,
+      HasSubstr("train.loss: kl needs the target's final hidden state, and " + dir.Join("plain") +
+                ": shards hold none: prepare the shards with "
+                "`flashdraft prepare --teacher`"));
+  auto ce_teacher = launch("ce-teacher", shards("teacher"));
+  ASSERT_EQ(ce_teacher.exit_code, 0) << ce_teacher.output;
+  auto ce_plain = launch("ce-plain", shards("plain"));
+  ASSERT_EQ(ce_plain.exit_code, 0) << ce_plain.output;
+  EXPECT_TRUE(drafter("ce-teacher") == drafter("ce-plain"));
+
+  // The report draws the KL beside the cross-entropy.
+  auto report = RunCommand(
+      absl::StrCat(kCli, " report --job ", dir.Join("kl"), " --out ", dir.Join("kl.html")));
+  ASSERT_EQ(report.exit_code, 0) << report.output;
+  if (access("/usr/bin/chromium", X_OK) != 0) {
+    GTEST_SKIP() << "rendering the report needs /usr/bin/chromium (scripts/setup.sh --tests)";
+  }
+  auto dom = RunCommand(absl::StrCat("cd ", dir.path(),
+                                     " && chromium --headless --no-sandbox --disable-gpu "
+                                     "--dump-dom file://",
+                                     dir.Join("kl.html"), " 2>/dev/null"));
+  EXPECT_THAT(dom.output, HasSubstr(">KL(target || drafter)</text>"));
+  EXPECT_THAT(dom.output, HasSubstr(">loss (weighted, nats)</text>"));
+}
+
 }  // namespace
 }  // namespace flashdraft
 

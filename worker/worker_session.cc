@@ -47,17 +47,21 @@ absl::StatusOr<torch::Tensor> ShardTensor(const InboxItem& item, const std::stri
 }
 
 // A microbatch as the drafter takes it, on `device` (from pinned memory, queued on the default
-// stream when it is a GPU).
-absl::StatusOr<DrafterBatch> ShardBatch(const InboxItem& item, const torch::Device& device) {
+// stream when it is a GPU); with `teacher`, the target's final hidden state too.
+absl::StatusOr<DrafterBatch> ShardBatch(const InboxItem& item, const torch::Device& device,
+                                        bool teacher) {
   DrafterBatch batch;
   FD_ASSIGN_OR_RETURN(batch.input_ids, ShardTensor(item, "input_ids"));
   FD_ASSIGN_OR_RETURN(batch.loss_mask, ShardTensor(item, "loss_mask"));
   FD_ASSIGN_OR_RETURN(batch.hidden_states, ShardTensor(item, "hidden_states"));
   FD_ASSIGN_OR_RETURN(batch.anchors, ShardTensor(item, "anchors"));
+  if (teacher) {
+    FD_ASSIGN_OR_RETURN(batch.teacher_hidden, ShardTensor(item, "teacher_hidden"));
+  }
   if (!device.is_cpu()) {
-    for (torch::Tensor* t :
-         {&batch.input_ids, &batch.loss_mask, &batch.hidden_states, &batch.anchors}) {
-      *t = t->to(device, /*non_blocking=*/true);
+    for (torch::Tensor* t : {&batch.input_ids, &batch.loss_mask, &batch.hidden_states,
+                             &batch.anchors, &batch.teacher_hidden}) {
+      if (t->defined()) *t = t->to(device, /*non_blocking=*/true);
     }
   }
   return batch;
@@ -70,6 +74,7 @@ bool NoSamples(const DrafterBatch& batch) {
 
 void SetShardResult(const DrafterLossResult& r, v1::ShardResult& out) {
   out.set_weighted_loss_sum(r.weighted_ce_sum);
+  out.set_weighted_kl_sum(r.weighted_kl_sum);
   out.set_weight_sum(r.weight_sum);
   out.set_tokens(r.tokens);
   for (size_t k = 0; k < r.slot_total.size() && k < static_cast<size_t>(out.slot_total_size());
@@ -111,6 +116,7 @@ WorkerSession::WorkerSession(SessionSetup setup, SessionHooks hooks)
   reduction_.ordered = job.train.deterministic_reduction;
   virtual_shards_ = EffectiveVirtualShards(job);
   gamma_ = EffectiveLossDecayGamma(job);
+  ce_weight_ = LossCeWeight(job.train);
   if (!hooks_.on_stuck) hooks_.on_stuck = ExitStuck;
 }
 
@@ -330,7 +336,7 @@ absl::Status WorkerSession::ComputeShard(const InboxItem& item, int64_t shard, S
     out->add_slot_correct(0);
     out->add_slot_total(0);
   }
-  FD_ASSIGN_OR_RETURN(DrafterBatch batch, ShardBatch(item, device_));
+  FD_ASSIGN_OR_RETURN(DrafterBatch batch, ShardBatch(item, device_, ce_weight_ < 1.0));
   // Gradients accumulate into the reducer's buckets, whose exchanges start during the last
   // shard's backward.
   reducer_->Prepare();
@@ -338,7 +344,7 @@ absl::Status WorkerSession::ComputeShard(const InboxItem& item, int64_t shard, S
   try {
     double t = clock_.Now();
     progress_.Enter("forward", step, true);
-    DrafterLossResult r = drafter_->Loss(batch, gamma_, h.global_weight_sum());
+    DrafterLossResult r = drafter_->Loss(batch, gamma_, h.global_weight_sum(), ce_weight_);
     work.forward += clock_.Now() - t;
     if (shard == work.offsets[rank_]) MaybeFault(setup_.fault, "forward", step, rank_, epoch_);
     t = clock_.Now();

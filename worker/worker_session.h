@@ -167,6 +167,8 @@ class WorkerSession {
   GradientReducerOptions reduction_;
   int64_t virtual_shards_ = 0;
   double gamma_ = 7.0;
+  double ce_weight_ =
+      1.0;  // train.loss: 1 is cross-entropy only, below it distils (teacher_hidden)
 
   SessionInbox inbox_;
   SessionProgress progress_;

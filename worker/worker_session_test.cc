@@ -759,12 +759,17 @@ TEST(SessionInboxTest, AReformCancelsTheFetchOfAnOlderEpochsShard) {
 
 // One microbatch of samples of `lengths` tokens and `feature_size` features of `dtype`, packed by
 // the coordinator's MicrobatchPacker in chunks of `chunk_bytes` and read by the worker's inbox:
-// every tensor arrives whole, right-padded (anchors with -1).
+// every tensor arrives whole, right-padded (anchors with -1). Each source row may hold `unsent`
+// more columns and then `teacher` teacher columns: hidden_states carries the first feature_size,
+// teacher_hidden the last `teacher`, and nothing carries the columns between.
 void PackAndReceive(const std::vector<int64_t>& lengths, int64_t feature_size,
-                    torch::ScalarType dtype, size_t chunk_bytes) {
+                    torch::ScalarType dtype, size_t chunk_bytes, int64_t unsent = 0,
+                    int64_t teacher = 0) {
   const int64_t b = static_cast<int64_t>(lengths.size());
   const int64_t s = *std::max_element(lengths.begin(), lengths.end());
-  MicrobatchPacker packer(b, s, feature_size, FromTorchDType(dtype).value(), chunk_bytes);
+  const int64_t row = feature_size + unsent + teacher;
+  MicrobatchPacker packer(b, s, {row, feature_size, teacher, FromTorchDType(dtype).value()},
+                          chunk_bytes);
   torch::Tensor ids = torch::zeros({b, s}, torch::kInt64), mask = torch::zeros({b, s}, torch::kU8);
   torch::Tensor anchors = torch::full({b, b}, -1, torch::kInt64);
   std::vector<torch::Tensor> features;
@@ -778,7 +783,7 @@ void PackAndReceive(const std::vector<int64_t>& lengths, int64_t feature_size,
     const int64_t len = lengths[i];
     ids[i].narrow(0, 0, len).copy_(torch::tensor(sample.input_ids, torch::kInt64));
     mask[i].narrow(0, 0, len).copy_(torch::tensor(sample.loss_mask, torch::kInt64));
-    features.push_back(torch::randn({len, feature_size}).to(dtype));
+    features.push_back(torch::randn({len, row}).to(dtype));
     sample.features = static_cast<const uint8_t*>(features.back().data_ptr());
     anchors[i].narrow(0, 0, i + 1).fill_(i);
     ASSERT_TRUE(packer.Add(sample, std::vector<int64_t>(i + 1, i)).ok());
@@ -788,7 +793,7 @@ void PackAndReceive(const std::vector<int64_t>& lengths, int64_t feature_size,
   FakeLink link;
   v1::CoordinatorMessage header;
   header.mutable_microbatch()->set_step(3);
-  header.mutable_microbatch()->set_num_tensors(MicrobatchPacker::kNumTensors);
+  header.mutable_microbatch()->set_num_tensors(MicrobatchPacker::NumTensors(teacher > 0));
   link.Send(header);
   for (grpc::ByteBuffer& buffer : buffers) link.SendBuffer(std::move(buffer));
   link.Send(ShutdownMessage(true));
@@ -799,13 +804,21 @@ void PackAndReceive(const std::vector<int64_t>& lengths, int64_t feature_size,
   EXPECT_TRUE(torch::equal(batch.tensors.at("input_ids"), ids));
   EXPECT_TRUE(torch::equal(batch.tensors.at("loss_mask"), mask));
   EXPECT_TRUE(torch::equal(batch.tensors.at("anchors"), anchors));
-  const torch::Tensor hidden = batch.tensors.at("hidden_states");
-  ASSERT_EQ(hidden.sizes().vec(), (std::vector<int64_t>{b, s, feature_size}));
-  for (int64_t i = 0; i < b; ++i) {
-    EXPECT_TRUE(torch::equal(hidden[i].narrow(0, 0, lengths[i]), features[i])) << "sample " << i;
-    EXPECT_EQ(torch::count_nonzero(hidden[i].narrow(0, lengths[i], s - lengths[i])).item<int64_t>(),
-              0)
-        << "sample " << i << "'s padding";
+  EXPECT_EQ(batch.tensors.count("teacher_hidden"), teacher > 0 ? 1u : 0u);
+  const std::pair<const char*, std::pair<int64_t, int64_t>> columns[] = {
+      {"hidden_states", {0, feature_size}}, {"teacher_hidden", {row - teacher, teacher}}};
+  for (const auto& [name, range] : columns) {
+    if (range.second == 0) continue;
+    const torch::Tensor got = batch.tensors.at(name);
+    ASSERT_EQ(got.sizes().vec(), (std::vector<int64_t>{b, s, range.second})) << name;
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t len = lengths[i];
+      EXPECT_TRUE(
+          torch::equal(got[i].narrow(0, 0, len), features[i].narrow(1, range.first, range.second)))
+          << name << " of sample " << i;
+      EXPECT_EQ(torch::count_nonzero(got[i].narrow(0, len, s - len)).item<int64_t>(), 0)
+          << name << " of sample " << i << ": its padding";
+    }
   }
 }
 
@@ -818,6 +831,15 @@ TEST(SessionInboxTest, MicrobatchTensorsOfSeveralChunksArriveWhole) {
   ASSERT_NO_FATAL_FAILURE(PackAndReceive({25, 7, 19}, 1000, torch::kBFloat16, kChunk));  // 150000 B
   ASSERT_GT(2 * 4100 * 2048 * sizeof(float), static_cast<size_t>(kMaxMessageBytes));
   ASSERT_NO_FATAL_FAILURE(PackAndReceive({4100, 4000}, 2048, torch::kFloat32, kChunk));
+}
+
+// Distillation's teacher columns (the last of each source row) travel as their own tensor, and
+// columns the job does not use (a teacher with train.loss ce) stay behind.
+TEST(SessionInboxTest, TheTeacherColumnsTravelAsTheirOwnTensor) {
+  constexpr size_t kChunk = 64 << 10;
+  ASSERT_NO_FATAL_FAILURE(PackAndReceive({25, 7, 19}, 1000, torch::kBFloat16, kChunk, 0, 200));
+  ASSERT_NO_FATAL_FAILURE(PackAndReceive({40, 33}, 768, torch::kFloat32, kChunk, 256, 0));
+  ASSERT_NO_FATAL_FAILURE(PackAndReceive({40, 33}, 768, torch::kFloat32, kChunk, 64, 256));
 }
 
 // --- The heartbeat thread's logic on a FakeClock ---

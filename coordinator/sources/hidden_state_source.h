@@ -32,8 +32,12 @@ class HiddenStateSource {
  public:
   virtual ~HiddenStateSource() = default;
   virtual uint64_t num_samples() const = 0;
+  // Elements per token of a sample's features: the feature layers (n·H), then teacher_size().
   virtual int64_t feature_size() const = 0;
   virtual DType feature_dtype() const = 0;
+  // The last columns of every feature row that hold the target's final-normed last hidden state
+  // (the teacher of train.loss kl / mix): H, or 0 when the source has none.
+  virtual int64_t teacher_size() const { return 0; }
   // Length of sample `index` without reading its features (for packing).
   virtual int64_t SampleLength(uint64_t index) const = 0;
   virtual absl::StatusOr<Sample> Get(uint64_t index) const = 0;

@@ -13,6 +13,7 @@ absl::StatusOr<std::unique_ptr<ShardSource>> ShardSource::Open(const std::string
   source->dir_ = dir;
   source->feature_size_ = manifest.feature_size;
   source->feature_dtype_ = manifest.feature_dtype;
+  source->teacher_size_ = manifest.teacher_size;
   source->metadata_ = std::move(manifest.metadata);
   for (const ShardEntry& entry : manifest.shards) {
     FD_ASSIGN_OR_RETURN(ShardFile shard,

@@ -22,6 +22,7 @@ class ShardSource : public HiddenStateSource {
   uint64_t num_samples() const override { return locations_.size(); }
   int64_t feature_size() const override { return feature_size_; }
   DType feature_dtype() const override { return feature_dtype_; }
+  int64_t teacher_size() const override { return teacher_size_; }
   int64_t SampleLength(uint64_t index) const override;
   absl::StatusOr<Sample> Get(uint64_t index) const override;
   // Free-form manifest metadata (e.g. the drafter config the shards were made for).
@@ -34,7 +35,7 @@ class ShardSource : public HiddenStateSource {
     uint32_t local;
   };
   std::string dir_;
-  int64_t feature_size_ = 0;
+  int64_t feature_size_ = 0, teacher_size_ = 0;
   DType feature_dtype_ = DType::kBF16;
   std::vector<ShardFile> shards_;
   std::vector<Location> locations_;

@@ -49,6 +49,7 @@ TargetFeatureOptions TargetFeatureOptionsFor(const JobConfig& job, const std::st
   o.max_seq_len = job.data.max_seq_len;
   o.feature_dtype = job.target.dtype == "float32" ? DType::kF32 : DType::kBF16;
   o.device = job.target.device;
+  o.teacher = LossNeedsTeacher(job.train);
   return o;
 }
 
@@ -85,7 +86,11 @@ absl::StatusOr<std::unique_ptr<TargetFeatures>> TargetFeatures::Open(
           "target.layer_ids: ", id, " is outside the target's ", t.num_hidden_layers, " layers"));
     }
   }
-  f->feature_size_ = static_cast<int64_t>(f->layers_.size()) * t.hidden_size;
+  f->computed_layers_ = f->layers_;
+  // Layer id L-1 is the last layer's output after the final norm, what lm_head reads.
+  if (o.teacher) f->computed_layers_.push_back(static_cast<int>(t.num_hidden_layers) - 1);
+  f->teacher_size_ = o.teacher ? t.hidden_size : 0;
+  f->feature_size_ = static_cast<int64_t>(f->computed_layers_.size()) * t.hidden_size;
   return f;
 }
 
@@ -94,7 +99,8 @@ TargetFeatures::~TargetFeatures() = default;
 absl::StatusOr<std::vector<uint8_t>> TargetFeatures::Compute(
     const std::vector<int64_t>& input_ids) const {
   const torch::Tensor input = torch::tensor(input_ids, torch::kInt64).unsqueeze(0);
-  FD_ASSIGN_OR_RETURN(TargetOutput out, model_->Forward(input, layers_, /*with_logits=*/false));
+  FD_ASSIGN_OR_RETURN(TargetOutput out,
+                      model_->Forward(input, computed_layers_, /*with_logits=*/false));
   const torch::Tensor f =
       out.features.squeeze(0)
           .to(options_.feature_dtype == DType::kBF16 ? torch::kBFloat16 : torch::kFloat32)

@@ -54,6 +54,7 @@ class TargetModelSource : public HiddenStateSource, public DeferredReplies {
   uint64_t num_samples() const override { return samples_.size(); }
   int64_t feature_size() const override { return features_->feature_size(); }
   DType feature_dtype() const override { return options_.target.feature_dtype; }
+  int64_t teacher_size() const override { return features_->teacher_size(); }
   int64_t SampleLength(uint64_t index) const override {
     return static_cast<int64_t>(ids_[samples_[index]].size());
   }
