@@ -286,9 +286,8 @@ absl::Status ReadLines(const PrepareOptions& o, std::istream& in, TargetModel& m
   int64_t line_no = 0;
   std::vector<int64_t> ids, mask;
   ChatLineReader chat({o.target, o.tokenizer, o.max_new_tokens, o.chat}, model);
-  // The drafter's layers, then with --teacher the last one (its output is after the final norm).
-  std::vector<int> computed = layers;
-  if (o.teacher) computed.push_back(static_cast<int>(model.config().num_hidden_layers) - 1);
+  const std::vector<int> computed =
+      LayersWithTeacher(layers, static_cast<int>(model.config().num_hidden_layers), o.teacher);
   while (std::getline(in, line)) {
     ++line_no;
     if (const std::streamoff at = in.tellg(); at >= 0) out.ShowProgress(static_cast<double>(at));
@@ -343,7 +342,9 @@ absl::Status Prepare(const PrepareOptions& o) {
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", o.out, ": ", ec.message()));
 
   const int64_t feature_size =
-      static_cast<int64_t>(layers.size() + (o.teacher ? 1 : 0)) * t.hidden_size;
+      static_cast<int64_t>(
+          LayersWithTeacher(layers, static_cast<int>(t.num_hidden_layers), o.teacher).size()) *
+      t.hidden_size;
   // How far through the input (bytes of the JSONL, or files imported): a bar on a terminal.
   std::error_code size_error;
   const auto input_bytes = import ? 0 : std::filesystem::file_size(o.data, size_error);

@@ -199,6 +199,21 @@ std::string EmitJobYaml(const JobConfig& config, const std::set<std::string>& le
   return std::string(e.c_str()) + "\n";
 }
 
+// train.ce_weight weighs a mix, strictly inside (0, 1); the other losses leave it at its default.
+absl::Status ValidateLoss(const TrainConfig& t, const std::string& source) {
+  if (t.loss == "mix" && (t.ce_weight <= 0.0 || t.ce_weight >= 1.0)) {
+    return Invalid(source, "train.ce_weight",
+                   absl::StrCat("= ", t.ce_weight, " must be strictly between 0 and 1 for ",
+                                "train.loss: mix (0 is kl, 1 is ce)"));
+  }
+  if (t.loss != "mix" && t.ce_weight != TrainConfig().ce_weight) {
+    return Invalid(
+        source, "train.ce_weight",
+        absl::StrCat("= ", t.ce_weight, " weighs train.loss: mix, and the loss is ", t.loss));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::optional<double> DefaultLossDecayGamma(int block_size) {
@@ -235,25 +250,6 @@ absl::Status ValidateDrafterLayers(const DrafterConfig& d, const std::string& so
   }
   return absl::OkStatus();
 }
-
-namespace {
-
-// train.ce_weight weighs a mix, strictly inside (0, 1); the other losses leave it at its default.
-absl::Status ValidateLoss(const TrainConfig& t, const std::string& source) {
-  if (t.loss == "mix" && (t.ce_weight <= 0.0 || t.ce_weight >= 1.0)) {
-    return Invalid(source, "train.ce_weight",
-                   absl::StrCat("= ", t.ce_weight, " must be strictly between 0 and 1 for ",
-                                "train.loss: mix (0 is kl, 1 is ce)"));
-  }
-  if (t.loss != "mix" && t.ce_weight != TrainConfig().ce_weight) {
-    return Invalid(
-        source, "train.ce_weight",
-        absl::StrCat("= ", t.ce_weight, " weighs train.loss: mix, and the loss is ", t.loss));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::Status ValidateJobConfig(const JobConfig& c, const std::string& source) {
   if (c.output_dir.empty()) return Invalid(source, "output_dir", "must not be empty");

@@ -74,7 +74,7 @@ absl::StatusOr<ShardManifest> ParseShardManifest(const std::string& text, const 
   out.feature_dtype = *dtype;
   if (m.contains("teacher_size")) {
     const json& t = m["teacher_size"];
-    if (!t.is_number_unsigned() || t.get<int64_t>() >= out.feature_size) {
+    if (!t.is_number_unsigned() || t.get<uint64_t>() >= static_cast<uint64_t>(out.feature_size)) {
       return ManifestError(path, absl::StrCat("\"teacher_size\" ", t.dump(),
                                               " must be a non-negative integer below "
                                               "\"feature_size\" ",

@@ -97,6 +97,8 @@ TEST(ShardFormatTest, BadManifestsAreRefusedNamingTheFileAndKey) {
       {ok_head + R"("feature_dtype": "BF16"})", "missing \"shards\" list"},
       {ok_head + R"("feature_dtype": "BF16", "teacher_size": 4})",
        "\"teacher_size\" 4 must be a non-negative integer below \"feature_size\" 4"},
+      {ok_head + R"("feature_dtype": "BF16", "teacher_size": 18446744073709551615})",
+       "\"teacher_size\" 18446744073709551615 must be a non-negative integer below"},
       {ok_head + R"("feature_dtype": "BF16", "teacher_size": "2"})",
        "\"teacher_size\" \"2\" must be a non-negative integer"},
       {ok_head + R"("feature_dtype": "BF16", "shards": [{"file": "a"}]})",

@@ -5,17 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/chunk_wire.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 
 namespace flashdraft {
-
-FeatureColumns FeatureColumns::Of(const HiddenStateSource& source, bool send_teacher) {
-  FeatureColumns c;
-  c.row = source.feature_size();
-  c.features = source.feature_size() - source.teacher_size();
-  c.teacher = send_teacher ? source.teacher_size() : 0;
-  c.dtype = source.feature_dtype();
-  return c;
-}
 
 MicrobatchPacker::Packed::Packed(size_t bytes, size_t max_chunk_bytes)
     : bytes(bytes),
@@ -33,6 +25,10 @@ MicrobatchPacker::MicrobatchPacker(int64_t batch, int64_t seq_len, const Feature
       features_(
           static_cast<size_t>(batch * seq_len * columns.features) * ElementSize(columns.dtype),
           max_chunk_bytes) {
+  CHECK(columns.features > 0 && columns.teacher >= 0 &&
+        columns.features + columns.teacher <= columns.row)
+      << "feature columns " << columns.features << " + " << columns.teacher << " of "
+      << columns.row;
   if (columns.teacher > 0) {
     teacher_ = std::make_unique<Packed>(
         static_cast<size_t>(batch * seq_len * columns.teacher) * ElementSize(columns.dtype),

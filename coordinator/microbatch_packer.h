@@ -30,10 +30,16 @@ struct FeatureColumns {
   int64_t teacher = 0;
   DType dtype = DType::kBF16;
 
-  // All of a source's layer features, and its teacher columns when `send_teacher`.
-  static FeatureColumns Of(const HiddenStateSource& source, bool send_teacher);
-  // The whole row as hidden_states.
-  static FeatureColumns Whole(int64_t row, DType dtype) { return {row, row, 0, dtype}; }
+  // A row of `row` elements whose last `teacher` are the teacher feature: the rest as
+  // hidden_states, and those as teacher_hidden when `send_teacher`.
+  static FeatureColumns Split(int64_t row, int64_t teacher, DType dtype, bool send_teacher) {
+    return {row, row - teacher, send_teacher ? teacher : 0, dtype};
+  }
+  // A source's rows, its teacher sent when `send_teacher`.
+  static FeatureColumns Of(const HiddenStateSource& source, bool send_teacher) {
+    return Split(source.feature_size(), source.teacher_size(), source.feature_dtype(),
+                 send_teacher);
+  }
 };
 
 class MicrobatchPacker {

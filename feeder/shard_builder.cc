@@ -46,11 +46,19 @@ absl::StatusOr<std::vector<grpc::ByteBuffer>> BuildShard(const v1::ShardWork& wo
                                                          const FeatureLayout& layout,
                                                          const ComputeFeatures& compute) {
   FD_RETURN_IF_ERROR(ShardFeatureBytes(work, layout).status());
+  // The header the workers read is the coordinator's: it must announce what this feeder packs.
+  if (const uint32_t packs = MicrobatchPacker::NumTensors(layout.teacher_size > 0);
+      work.header().num_tensors() != packs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ShardWork ", work.ticket(), ": the coordinator announces ", work.header().num_tensors(),
+        " tensors and this feeder packs ", packs,
+        layout.teacher_size > 0 ? " (with teacher_hidden)" : " (without teacher_hidden)"));
+  }
   int64_t s = 1;
   for (const v1::FeedSample& sample : work.samples()) s = std::max<int64_t>(s, sample.length());
   MicrobatchPacker packer(work.samples_size(), s,
-                          {layout.feature_size, layout.feature_size - layout.teacher_size,
-                           layout.teacher_size, layout.dtype});
+                          FeatureColumns::Split(layout.feature_size, layout.teacher_size,
+                                                layout.dtype, /*send_teacher=*/true));
   const size_t row_bytes = static_cast<size_t>(layout.feature_size) * ElementSize(layout.dtype);
   for (const v1::FeedSample& f : work.samples()) {
     Sample sample;

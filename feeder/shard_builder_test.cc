@@ -127,6 +127,7 @@ v1::ShardWork OneSample(std::vector<int64_t> ids, uint32_t length, std::string m
   v1::ShardWork work;
   work.set_ticket("t1");
   work.mutable_header()->set_step(2);
+  work.mutable_header()->set_num_tensors(4);
   v1::FeedSample* s = work.add_samples();
   s->set_index(5);
   s->mutable_input_ids()->Assign(ids.begin(), ids.end());

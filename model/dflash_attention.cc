@@ -40,16 +40,19 @@ Dims DimsOf(const torch::Tensor& q, const torch::Tensor& kc, int64_t block,
 }
 
 std::vector<Chunk> PlanChunks(const Dims& m, const torch::Tensor& anchors,
-                              const torch::Tensor& keep, int64_t chunk_score_bytes) {
+                              const torch::Tensor& keep, const torch::Tensor& begin,
+                              int64_t chunk_score_bytes) {
   const int64_t per_block = m.b * m.h * m.block * (m.s + m.block) * 4;
   const int64_t blocks_per_chunk =
       std::max<int64_t>(1, chunk_score_bytes / std::max<int64_t>(1, per_block));
   // Context keys past the chunk's largest anchor are masked for every query in it, and so are
-  // those before the window of its earliest kept block's first slot: skip them.
+  // those before the window (or the sample) of its earliest kept block's first slot: skip them.
   const torch::Tensor anchors_cpu = anchors.to(torch::kCPU).contiguous();
   const torch::Tensor keep_cpu = keep.to(torch::kCPU).contiguous();
+  const torch::Tensor begin_cpu = begin.to(torch::kCPU).contiguous();
   const int64_t* a = anchors_cpu.data_ptr<int64_t>();
   const bool* kept = keep_cpu.data_ptr<bool>();
+  const int64_t* first = begin_cpu.data_ptr<int64_t>();
   std::vector<Chunk> chunks;
   for (int64_t j0 = 0; j0 < m.n; j0 += blocks_per_chunk) {
     const int64_t nc = std::min(blocks_per_chunk, m.n - j0);
@@ -58,7 +61,8 @@ std::vector<Chunk> PlanChunks(const Dims& m, const torch::Tensor& anchors,
       for (int64_t j = j0; j < j0 + nc; ++j) {
         kv_end = std::max(kv_end, a[i * m.n + j]);
         if (kept[i * m.n + j]) {
-          kv_begin = std::min(kv_begin, m.window > 0 ? a[i * m.n + j] - m.window + 1 : 0);
+          const int64_t window_first = m.window > 0 ? a[i * m.n + j] - m.window + 1 : 0;
+          kv_begin = std::min(kv_begin, std::max(window_first, first[i * m.n + j]));
         }
       }
     }
@@ -73,15 +77,17 @@ std::vector<Chunk> PlanChunks(const Dims& m, const torch::Tensor& anchors,
 std::pair<torch::Tensor, torch::Tensor> ChunkProbs(
     const Dims& m, const Chunk& c, const torch::Tensor& qs, const torch::Tensor& kc,
     const torch::Tensor& kbs, const torch::Tensor& anchors, const torch::Tensor& keep,
-    const torch::Tensor* lse_in, torch::Tensor* lse_out) {
+    const torch::Tensor& begin, const torch::Tensor* lse_in, torch::Tensor* lse_out) {
   const int64_t rows = c.nc * m.block;
   const torch::Tensor a_rows = anchors.narrow(1, c.j0, c.nc).repeat_interleave(m.block, 1);
   const torch::Tensor keep_chunk = keep.narrow(1, c.j0, c.nc);
   const torch::Tensor keep_rows = keep_chunk.repeat_interleave(m.block, 1);
   const torch::Tensor kv = torch::arange(c.kv_begin, c.kv_end, anchors.options());
   // Strict bound: the anchor token itself is the block's first slot, not context.
-  torch::Tensor ctx_allowed =
-      (kv.view({1, 1, -1}) < a_rows.unsqueeze(-1)).logical_and(keep_rows.unsqueeze(-1));
+  const torch::Tensor begin_rows = begin.narrow(1, c.j0, c.nc).repeat_interleave(m.block, 1);
+  torch::Tensor ctx_allowed = (kv.view({1, 1, -1}) < a_rows.unsqueeze(-1))
+                                  .logical_and(kv.view({1, 1, -1}) >= begin_rows.unsqueeze(-1))
+                                  .logical_and(keep_rows.unsqueeze(-1));
   torch::Tensor blk_allowed = keep_chunk.view({m.b, 1, c.nc, 1, 1});
   if (m.window > 0) {
     const torch::Tensor slot = torch::arange(m.block, anchors.options());
@@ -116,12 +122,12 @@ class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFu
                                const torch::Tensor& kc, const torch::Tensor& vc,
                                const torch::Tensor& kb, const torch::Tensor& vb,
                                const torch::Tensor& anchors, const torch::Tensor& keep,
-                               int64_t block, int64_t chunk_score_bytes, int64_t compute,
-                               int64_t window) {
+                               const torch::Tensor& begin, int64_t block, int64_t chunk_score_bytes,
+                               int64_t compute, int64_t window) {
     const Dims m = DimsOf(q, kc, block, static_cast<torch::ScalarType>(compute), window);
     torch::Tensor out = torch::empty_like(q);
     torch::Tensor lse = torch::empty({m.b, m.h, m.nb}, q.options());
-    for (const Chunk& c : PlanChunks(m, anchors, keep, chunk_score_bytes)) {
+    for (const Chunk& c : PlanChunks(m, anchors, keep, begin, chunk_score_bytes)) {
       const int64_t rows = c.nc * m.block;
       const torch::Tensor qs = q.narrow(2, c.j0 * m.block, rows);
       const torch::Tensor kbs =
@@ -129,13 +135,13 @@ class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFu
       const torch::Tensor vbs =
           vb.narrow(2, c.j0 * m.block, rows).view({m.b, m.h, c.nc, m.block, m.d});
       torch::Tensor lse_chunk;
-      auto [pc, pb] = ChunkProbs(m, c, qs, kc, kbs, anchors, keep, nullptr, &lse_chunk);
+      auto [pc, pb] = ChunkProbs(m, c, qs, kc, kbs, anchors, keep, begin, nullptr, &lse_chunk);
       torch::Tensor o = MatmulIn(m.compute, pc, vc.narrow(2, c.kv_begin, c.kv_len())) +
                         MatmulIn(m.compute, pb, vbs).view({m.b, m.h, rows, m.d});
       out.narrow(2, c.j0 * m.block, rows).copy_(o);
       lse.narrow(2, c.j0 * m.block, rows).copy_(lse_chunk);
     }
-    ctx->save_for_backward({q, kc, vc, kb, vb, anchors, keep, out, lse});
+    ctx->save_for_backward({q, kc, vc, kb, vb, anchors, keep, begin, out, lse});
     ctx->saved_data["block"] = block;
     ctx->saved_data["chunk_score_bytes"] = chunk_score_bytes;
     ctx->saved_data["compute"] = compute;
@@ -147,8 +153,8 @@ class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFu
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor &q = saved[0], &kc = saved[1], &vc = saved[2], &kb = saved[3],
-                        &vb = saved[4], &anchors = saved[5], &keep = saved[6], &out = saved[7],
-                        &lse = saved[8];
+                        &vb = saved[4], &anchors = saved[5], &keep = saved[6], &begin = saved[7],
+                        &out = saved[8], &lse = saved[9];
     const int64_t block = ctx->saved_data["block"].toInt();
     const Dims m =
         DimsOf(q, kc, block, static_cast<torch::ScalarType>(ctx->saved_data["compute"].toInt()),
@@ -158,7 +164,7 @@ class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFu
                   dvc = torch::zeros_like(vc), dkb = torch::zeros_like(kb),
                   dvb = torch::zeros_like(vb);
     for (const Chunk& c :
-         PlanChunks(m, anchors, keep, ctx->saved_data["chunk_score_bytes"].toInt())) {
+         PlanChunks(m, anchors, keep, begin, ctx->saved_data["chunk_score_bytes"].toInt())) {
       const int64_t rows = c.nc * m.block;
       const int64_t r0 = c.j0 * m.block;
       const torch::Tensor qs = q.narrow(2, r0, rows);
@@ -167,7 +173,7 @@ class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFu
       const torch::Tensor vbs = vb.narrow(2, r0, rows).view({m.b, m.h, c.nc, m.block, m.d});
       const torch::Tensor kcs = kc.narrow(2, c.kv_begin, c.kv_len()),
                           vcs = vc.narrow(2, c.kv_begin, c.kv_len());
-      auto [pc, pb] = ChunkProbs(m, c, qs, kc, kbs, anchors, keep, &lse, nullptr);
+      auto [pc, pb] = ChunkProbs(m, c, qs, kc, kbs, anchors, keep, begin, &lse, nullptr);
       const torch::Tensor dos = d_out.narrow(2, r0, rows);
       const torch::Tensor dob = dos.view({m.b, m.h, c.nc, m.block, m.d});
       // softmax backward: dS = P ⊙ (dP − rowsum(dO ⊙ O))
@@ -198,6 +204,7 @@ class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFu
             torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
+            torch::Tensor(),
             torch::Tensor()};
   }
 };
@@ -207,16 +214,19 @@ class BlockAttentionFunction : public torch::autograd::Function<BlockAttentionFu
 torch::Tensor DFlashBlockAttention(const torch::Tensor& q, const torch::Tensor& kc,
                                    const torch::Tensor& vc, const torch::Tensor& kb,
                                    const torch::Tensor& vb, const torch::Tensor& anchors,
-                                   const torch::Tensor& keep,
-                                   const BlockAttentionOptions& options) {
+                                   const torch::Tensor& keep, const BlockAttentionOptions& options,
+                                   const torch::Tensor& context_begin) {
   TORCH_CHECK(q.dim() == 4 && q.size(2) % options.block_size == 0,
               "DFlashBlockAttention: q must be [b, heads, N*B, d]");
   TORCH_CHECK(anchors.scalar_type() == torch::kInt64 && keep.scalar_type() == torch::kBool,
               "DFlashBlockAttention: anchors int64, keep bool");
+  const torch::Tensor begin = context_begin.defined() ? context_begin : torch::zeros_like(anchors);
+  TORCH_CHECK(begin.scalar_type() == torch::kInt64 && begin.sizes() == anchors.sizes(),
+              "DFlashBlockAttention: context_begin int64 like anchors");
   return BlockAttentionFunction::apply(
       q.contiguous(), kc.contiguous(), vc.contiguous(), kb.contiguous(), vb.contiguous(),
-      anchors.contiguous(), keep.contiguous(), options.block_size, options.chunk_score_bytes,
-      static_cast<int64_t>(options.compute), options.sliding_window);
+      anchors.contiguous(), keep.contiguous(), begin.contiguous(), options.block_size,
+      options.chunk_score_bytes, static_cast<int64_t>(options.compute), options.sliding_window);
 }
 
 torch::Tensor DFlashBlockAttentionDense(const torch::Tensor& q, const torch::Tensor& kc,

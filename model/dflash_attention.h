@@ -23,11 +23,14 @@ struct BlockAttentionOptions {
 
 // q, kb, vb: [b, heads, N·B, d] (block queries, keys, values); kc, vc: [b, heads, S, d] (context
 // keys and values, GQA heads already repeated); anchors: [b, N] int64 (≥ 0); keep: [b, N] bool.
-// Returns [b, heads, N·B, d]. Differentiable in q, kc, vc, kb, vb.
+// context_begin: [b, N] int64, the first context position each block may see (the start of its
+// sample in a row that packs several); undefined: 0. Returns [b, heads, N·B, d]. Differentiable in
+// q, kc, vc, kb, vb.
 torch::Tensor DFlashBlockAttention(const torch::Tensor& q, const torch::Tensor& kc,
                                    const torch::Tensor& vc, const torch::Tensor& kb,
                                    const torch::Tensor& vb, const torch::Tensor& anchors,
-                                   const torch::Tensor& keep, const BlockAttentionOptions& options);
+                                   const torch::Tensor& keep, const BlockAttentionOptions& options,
+                                   const torch::Tensor& context_begin = torch::Tensor());
 
 // The same attention with the dense mask, for tests and tiny inputs.
 torch::Tensor DFlashBlockAttentionDense(const torch::Tensor& q, const torch::Tensor& kc,

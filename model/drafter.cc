@@ -44,6 +44,38 @@ std::pair<torch::Tensor, torch::Tensor> LossOfRows(
   return {ce.weighted_sum, ce.hits};
 }
 
+// The target's hidden states that give its distribution of each weighted row's label x[a + k]:
+// those at a + k − 1 (`targets`: a + k per row of [b, N·(B−1)], clamped; `rows`: the weighted
+// ones), fp32 on `device`.
+torch::Tensor TeacherRows(const DrafterBatch& batch, const torch::Tensor& targets,
+                          const torch::Tensor& rows, int64_t hidden, const torch::Device& device) {
+  const int64_t b = batch.input_ids.size(0), s = batch.input_ids.size(1);
+  const torch::Tensor& all = batch.teacher_hidden;
+  TORCH_CHECK(all.defined(), "distillation needs the target's hidden states");
+  TORCH_CHECK(all.sizes() == torch::IntArrayRef({b, s, hidden}), "teacher_hidden is ", all.sizes(),
+              ", expected [", b, ", ", s, ", ", hidden, "]");
+  const torch::Tensor source =
+      (torch::arange(b, targets.options()).view({b, 1}) * s + targets - 1).reshape(-1);
+  return all.reshape({b * s, hidden})
+      .index_select(0, source.index_select(0, rows).to(all.device()))
+      .to(device, torch::kFloat32);
+}
+
+// Per slot 1..B−1: how many weighted rows there are and how many the drafter's argmax hit.
+void CountSlots(const torch::Tensor& rows, const torch::Tensor& hit, int64_t block,
+                DrafterLossResult& result) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor slot = rows.remainder(block - 1);
+  const torch::Tensor correct =
+      torch::zeros({block - 1}, rows.options()).index_add_(0, slot, hit).to(torch::kCPU);
+  const torch::Tensor total = torch::zeros({block - 1}, rows.options())
+                                  .index_add_(0, slot, torch::ones_like(slot))
+                                  .to(torch::kCPU);
+  result.slot_correct.assign(correct.data_ptr<int64_t>(), correct.data_ptr<int64_t>() + block - 1);
+  result.slot_total.assign(total.data_ptr<int64_t>(), total.data_ptr<int64_t>() + block - 1);
+  result.tokens = rows.numel();
+}
+
 // The dtypes a batch file's float tensors may have.
 bool IsFloatDType(DType dtype) {
   return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
@@ -157,7 +189,8 @@ void DrafterImpl::InitWeights(uint64_t seed) {
 }
 
 torch::Tensor DrafterImpl::Forward(const torch::Tensor& features, const torch::Tensor& block_ids,
-                                   const torch::Tensor& anchors, const torch::Tensor& keep) {
+                                   const torch::Tensor& anchors, const torch::Tensor& keep,
+                                   const torch::Tensor& positions) {
   const DrafterModelConfig& c = config_;
   const int64_t b = features.size(0), s = features.size(1), n = anchors.size(1);
   const int64_t block = c.block_size, nb = n * block, heads = c.num_attention_heads,
@@ -169,12 +202,22 @@ torch::Tensor DrafterImpl::Forward(const torch::Tensor& features, const torch::T
       embed_tokens_.index_select(0, block_ids.reshape(-1)).view({b, nb, c.hidden_size});
 
   const auto opts = anchors.options();
-  const torch::Tensor pos_q =
-      (anchors.unsqueeze(-1) + torch::arange(block, opts)).view({b, nb});  // slot t of a → a + t
-  auto [cos_q, sin_q] = RopeTables(pos_q, hd, c.rope_theta);               // [b, NB, hd]
-  auto [cos_c, sin_c] = RopeTables(torch::arange(s, opts), hd, c.rope_theta);  // [S, hd]
+  // Packed rows: positions count from each sample's start, and a block's context starts there.
+  const bool packed = positions.defined();
+  const torch::Tensor pos = packed ? positions.to(opts) : torch::Tensor();
+  const torch::Tensor anchor_pos = packed ? pos.gather(1, anchors) : anchors;
+  const torch::Tensor context_begin = packed ? anchors - anchor_pos : torch::Tensor();
+  const torch::Tensor pos_q =  // slot t of a → a + t (in its sample)
+      (anchor_pos.unsqueeze(-1) + torch::arange(block, opts)).view({b, nb});
+  auto [cos_q, sin_q] = RopeTables(pos_q, hd, c.rope_theta);  // [b, NB, hd]
+  auto [cos_c, sin_c] = RopeTables(packed ? pos : torch::arange(s, opts), hd,
+                                   c.rope_theta);  // [b, S, hd] or [S, hd]
   cos_q = cos_q.unsqueeze(1);
   sin_q = sin_q.unsqueeze(1);
+  if (packed) {
+    cos_c = cos_c.unsqueeze(1);
+    sin_c = sin_c.unsqueeze(1);
+  }
 
   for (size_t l = 0; l < layers->size(); ++l) {
     auto layer = layers[l]->as<DrafterLayerImpl>();
@@ -209,7 +252,8 @@ torch::Tensor DrafterImpl::Forward(const torch::Tensor& features, const torch::T
     }
     BlockAttentionOptions layer_options = attention_options;
     layer_options.sliding_window = c.WindowOfLayer(static_cast<int64_t>(l));
-    const torch::Tensor o = DFlashBlockAttention(q, kc, vc, kb, vb, anchors, keep, layer_options);
+    const torch::Tensor o =
+        DFlashBlockAttention(q, kc, vc, kb, vb, anchors, keep, layer_options, context_begin);
     x = x + LinearIn(compute_, o.transpose(1, 2).reshape({b, nb, heads * hd}), attn.o_proj->weight);
     x = x + layer->mlp->forward(layer->post_attention_layernorm(x), compute_);
   }
@@ -295,13 +339,19 @@ DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
   const torch::Tensor first = batch.input_ids.gather(1, anchors).unsqueeze(-1);
   const torch::Tensor block_ids =
       torch::cat({first, torch::full({b, n, block - 1}, c.mask_token_id, opts)}, -1);
-  const torch::Tensor hidden = Forward(batch.hidden_states, block_ids, anchors, keep);
+  const torch::Tensor hidden =
+      Forward(batch.hidden_states, block_ids, anchors, keep, batch.positions);
 
   // Slot k = 1..B-1 predicts x[a + k]; weight keep · [a+k < S] · loss_mask[a+k] · exp(-(k-1)/γ).
   const torch::Tensor k = torch::arange(1, block, opts);
   const torch::Tensor target = anchors.unsqueeze(-1) + k;  // [b, N, B-1]
-  const torch::Tensor valid = target.lt(s).logical_and(keep.unsqueeze(-1));
+  torch::Tensor valid = target.lt(s).logical_and(keep.unsqueeze(-1));
   const torch::Tensor target_c = target.clamp_max(s - 1).view({b, -1});
+  if (batch.positions.defined()) {  // a packed row: x[a + k] must be of the anchor's sample
+    const torch::Tensor pos = batch.positions.to(opts);
+    const torch::Tensor start = (target_c - pos.gather(1, target_c)).view({b, n, block - 1});
+    valid = valid.logical_and(start == (anchors - pos.gather(1, anchors)).unsqueeze(-1));
+  }
   const torch::Tensor labels = batch.input_ids.gather(1, target_c).view({b, n, block - 1});
   const torch::Tensor lm =
       batch.loss_mask.to(torch::kFloat32).gather(1, target_c).view({b, n, block - 1});
@@ -316,36 +366,16 @@ DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
   const torch::Tensor row_labels = labels.reshape(-1).index_select(0, rows);
   const torch::Tensor row_w = w.reshape(-1).index_select(0, rows);
   DrafterLossResult result;
-  torch::Tensor teacher;
   TORCH_CHECK(ce_weight >= 0 && ce_weight <= 1, "ce_weight must be in [0, 1]");
-  if (ce_weight < 1.0) {
-    TORCH_CHECK(batch.teacher_hidden.defined(), "distillation needs the target's hidden states");
-    TORCH_CHECK(batch.teacher_hidden.sizes() == torch::IntArrayRef({b, s, c.hidden_size}),
-                "teacher_hidden is ", batch.teacher_hidden.sizes(), ", expected [", b, ", ", s,
-                ", ", c.hidden_size, "]");
-    // The target's distribution of x[a + k] is its lm_head at position a + k − 1.
-    const torch::Tensor source =
-        (torch::arange(b, opts).view({b, 1}) * s + target_c.view({b, -1}) - 1).reshape(-1);
-    const torch::Tensor& all = batch.teacher_hidden;
-    teacher = all.reshape({b * s, -1})
-                  .index_select(0, source.index_select(0, rows).to(all.device()))
-                  .to(h.device(), torch::kFloat32);
-  }
+  const torch::Tensor teacher = ce_weight < 1.0
+                                    ? TeacherRows(batch, target_c, rows, c.hidden_size, h.device())
+                                    : torch::Tensor();
   auto [objective, hit] =
       LossOfRows(h, ComputeHead(), row_labels, row_w, teacher, ce_weight, compute_, result);
   result.weight_sum = w.to(torch::kFloat64).sum().item<double>();  // exact across splits
   const double denom = normaliser.value_or(result.weight_sum);
   result.loss = denom > 0 ? objective / denom : objective * 0.0;
-
-  torch::NoGradGuard no_grad;
-  const torch::Tensor slot = rows.remainder(block - 1);
-  const torch::Tensor correct =
-      torch::zeros({block - 1}, opts).index_add_(0, slot, hit).to(torch::kCPU);
-  const torch::Tensor total =
-      torch::zeros({block - 1}, opts).index_add_(0, slot, torch::ones_like(slot)).to(torch::kCPU);
-  result.slot_correct.assign(correct.data_ptr<int64_t>(), correct.data_ptr<int64_t>() + block - 1);
-  result.slot_total.assign(total.data_ptr<int64_t>(), total.data_ptr<int64_t>() + block - 1);
-  result.tokens = rows.numel();
+  CountSlots(rows, hit, block, result);
   return result;
 }
 

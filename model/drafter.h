@@ -59,6 +59,11 @@ struct DrafterBatch {
   // [b, S, H] float, for distillation only (ce_weight < 1): the target's last hidden state after
   // its final norm, what its lm_head reads; position p gives the target's distribution of x[p+1].
   torch::Tensor teacher_hidden;
+  // [b, S] int64, for rows that pack several samples: each token's position in its own sample (0
+  // at a sample's first token). A block then sees only its own sample's tokens before its anchor,
+  // RoPE counts from the sample's start, and a slot past the sample's end predicts nothing: the
+  // loss of each sample is what it is alone in a row. Undefined: one sample per row.
+  torch::Tensor positions;
 };
 
 struct DrafterLossResult {
@@ -101,9 +106,11 @@ class DrafterImpl : public torch::nn::Module {
   const torch::Device& device() const { return device_; }
 
   // Hidden states after the final norm for every block slot: [b, N, B, H].
-  // anchors: [b, N] (≥ 0), keep: [b, N] bool, block_ids: [b, N, B].
+  // anchors: [b, N] (≥ 0), keep: [b, N] bool, block_ids: [b, N, B]; positions: DrafterBatch's
+  // (packed rows), or undefined.
   torch::Tensor Forward(const torch::Tensor& features, const torch::Tensor& block_ids,
-                        const torch::Tensor& anchors, const torch::Tensor& keep);
+                        const torch::Tensor& anchors, const torch::Tensor& keep,
+                        const torch::Tensor& positions = torch::Tensor());
 
   // The DFlash loss of a batch. `gamma`: loss decay. `normaliser`: the Σw the loss is divided by
   // (the global Σw across workers); defaults to this batch's own Σw. `ce_weight` α: each predicted

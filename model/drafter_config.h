@@ -57,4 +57,12 @@ std::string DrafterConfigToJson(const DrafterModelConfig& config);
 // round(1 + i*(L-4)/(n-1)) for i = 0..n-1 (DFLASH.md §2); n = 1 gives {1}.
 std::vector<int> DefaultTargetLayerIds(int num_target_layers, int n);
 
+// The layers a target computes for a row of features: the drafter's `layers`, then with `teacher`
+// its last layer, whose output (after the final norm) is what its lm_head reads.
+inline std::vector<int> LayersWithTeacher(std::vector<int> layers, int num_target_layers,
+                                          bool teacher) {
+  if (teacher) layers.push_back(num_target_layers - 1);
+  return layers;
+}
+
 }  // namespace flashdraft

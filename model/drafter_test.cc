@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "model/drafter_export.h"
@@ -349,6 +351,141 @@ TEST(DrafterInferenceTest, DraftingFromAGrowingContextEqualsTheTrainingForward) 
   moved = padded.clone();
   moved.narrow(1, 6, 1).normal_(0, 3);
   EXPECT_FALSE(torch::equal(forward(moved), hidden));
+}
+
+}  // namespace
+}  // namespace flashdraft
+
+namespace flashdraft {
+namespace {
+
+// Sample i of `lengths` as it is alone in a right-padded batch, and the same samples packed into
+// one row; anchors per sample (sorted, -1 padded when unpacked).
+struct PackedAndUnpacked {
+  DrafterBatch unpacked, packed;
+};
+
+PackedAndUnpacked MakePackedBatches(const DrafterModelConfig& c,
+                                    const std::vector<int64_t>& lengths,
+                                    const std::vector<std::vector<int64_t>>& anchors) {
+  const int64_t b = static_cast<int64_t>(lengths.size());
+  const int64_t s = *std::max_element(lengths.begin(), lengths.end());
+  int64_t total = 0, n = 0, packed_n = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    total += lengths[i];
+    n = std::max<int64_t>(n, static_cast<int64_t>(anchors[i].size()));
+    packed_n += static_cast<int64_t>(anchors[i].size());
+  }
+  PackedAndUnpacked out;
+  DrafterBatch& u = out.unpacked;
+  u.input_ids = torch::zeros({b, s}, torch::kInt64);
+  u.loss_mask = torch::zeros({b, s}, torch::kInt64);
+  u.hidden_states = torch::zeros({b, s, c.feature_size()});
+  u.teacher_hidden = torch::zeros({b, s, c.hidden_size});
+  u.anchors = torch::full({b, n}, -1, torch::kInt64);
+  DrafterBatch& p = out.packed;
+  std::vector<torch::Tensor> ids, mask, features, teacher, positions;
+  std::vector<int64_t> packed_anchors;
+  int64_t offset = 0;
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t len = lengths[i];
+    ids.push_back(torch::randint(c.vocab_size - 1, {len}, torch::kInt64));
+    mask.push_back(torch::randint(2, {len}, torch::kInt64).index_fill_(0, torch::tensor({0}), 0));
+    features.push_back(torch::randn({len, c.feature_size()}));
+    teacher.push_back(torch::randn({len, c.hidden_size}));
+    positions.push_back(torch::arange(len, torch::kInt64));
+    u.input_ids[i].narrow(0, 0, len).copy_(ids.back());
+    u.loss_mask[i].narrow(0, 0, len).copy_(mask.back());
+    u.hidden_states[i].narrow(0, 0, len).copy_(features.back());
+    u.teacher_hidden[i].narrow(0, 0, len).copy_(teacher.back());
+    for (size_t j = 0; j < anchors[i].size(); ++j) {
+      u.anchors[i][static_cast<int64_t>(j)] = anchors[i][j];
+      packed_anchors.push_back(offset + anchors[i][j]);
+    }
+    offset += len;
+  }
+  EXPECT_EQ(offset, total);
+  p.input_ids = torch::cat(ids).unsqueeze(0);
+  p.loss_mask = torch::cat(mask).unsqueeze(0);
+  p.hidden_states = torch::cat(features).unsqueeze(0);
+  p.teacher_hidden = torch::cat(teacher).unsqueeze(0);
+  p.positions = torch::cat(positions).unsqueeze(0);
+  p.anchors = torch::tensor(packed_anchors, torch::kInt64).view({1, packed_n});
+  return out;
+}
+
+// The loss, its parts and every gradient of `batch`.
+struct StepOutcome {
+  DrafterLossResult result;
+  std::vector<torch::Tensor> grads;
+};
+
+StepOutcome RunStep(Drafter& drafter, const DrafterBatch& batch, double ce_weight) {
+  drafter->zero_grad();
+  StepOutcome o;
+  o.result = drafter->Loss(batch, 3.0, std::nullopt, ce_weight);
+  o.result.loss.backward();
+  for (const auto& p : drafter->parameters()) o.grads.push_back(p.grad().clone());
+  return o;
+}
+
+// Several samples packed into one row (DrafterBatch::positions) lose exactly what each loses alone
+// in a padded row: the same weight, slot counts and, up to summation order, loss and gradients.
+// Blocks near a sample's end predict nothing past it; a block never sees the sample before.
+// `chunk_bytes`: the block attention's chunk budget (small: a chunk per block or two).
+void ExpectPackedEqualsUnpacked(const DrafterModelConfig& config, double ce_weight,
+                                int64_t chunk_bytes = int64_t{64} << 20) {
+  torch::manual_seed(11);
+  Drafter drafter(config);
+  drafter->InitWeights(3);
+  drafter->attention_options.chunk_score_bytes = chunk_bytes;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : drafter->parameters()) {
+      if (p.dim() > 1) p.normal_(0, 0.3);
+    }
+  }
+  drafter->SetFrozen(torch::randn({config.vocab_size, config.hidden_size}),
+                     torch::randn({config.vocab_size, config.hidden_size}));
+  // The last anchor of each sample is within a block of its end.
+  const PackedAndUnpacked batches =
+      MakePackedBatches(config, {13, 6, 9}, {{1, 4, 11}, {0, 3}, {2, 5, 7}});
+  const StepOutcome alone = RunStep(drafter, batches.unpacked, ce_weight);
+  const StepOutcome packed = RunStep(drafter, batches.packed, ce_weight);
+  EXPECT_EQ(packed.result.weight_sum, alone.result.weight_sum);
+  EXPECT_EQ(packed.result.slot_total, alone.result.slot_total);
+  EXPECT_EQ(packed.result.slot_correct, alone.result.slot_correct);
+  EXPECT_NEAR(packed.result.weighted_ce_sum, alone.result.weighted_ce_sum,
+              1e-5 * std::abs(alone.result.weighted_ce_sum));
+  EXPECT_NEAR(packed.result.weighted_kl_sum, alone.result.weighted_kl_sum,
+              1e-5 * std::abs(alone.result.weighted_kl_sum) + 1e-9);
+  ASSERT_EQ(packed.grads.size(), alone.grads.size());
+  for (size_t i = 0; i < alone.grads.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(packed.grads[i], alone.grads[i], 1e-4, 1e-6))
+        << "gradient " << i << ": max difference "
+        << (packed.grads[i] - alone.grads[i]).abs().max().item<double>();
+  }
+  // Without positions the same row is one long sample: blocks see the samples before theirs.
+  DrafterBatch one_sample = batches.packed;
+  one_sample.positions = torch::Tensor();
+  const StepOutcome merged = RunStep(drafter, one_sample, ce_weight);
+  EXPECT_GT(std::abs(merged.result.weighted_ce_sum - alone.result.weighted_ce_sum),
+            1e-3 * std::abs(alone.result.weighted_ce_sum));
+}
+
+TEST(DrafterPackingTest, APackedRowLosesWhatItsSamplesLoseAlone) {
+  DrafterModelConfig config = ::flashdraft::testing::TinyDrafterConfig(32);
+  config.num_hidden_layers = 2;
+  ExpectPackedEqualsUnpacked(config, 1.0);
+  SCOPED_TRACE("distillation");
+  ExpectPackedEqualsUnpacked(config, 0.4);
+  SCOPED_TRACE("chunks of a block or two");
+  ExpectPackedEqualsUnpacked(config, 1.0, 1);
+  SCOPED_TRACE("a sliding layer");
+  config.layer_types = {"sliding_attention", "full_attention"};
+  config.sliding_window = 5;
+  ExpectPackedEqualsUnpacked(config, 1.0);
+  ExpectPackedEqualsUnpacked(config, 1.0, 1);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -236,6 +237,61 @@ std::vector<nlohmann::json> StepRecords(const std::string& run) {
   return steps;
 }
 
+// Element i of a float tensor (F32 or BF16) as float.
+float FloatAt(const TensorView& t, int64_t i) {
+  float x = 0;
+  if (t.dtype == DType::kBF16) {
+    uint16_t half;
+    std::memcpy(&half, t.data + 2 * i, 2);
+    const uint32_t bits = static_cast<uint32_t>(half) << 16;
+    std::memcpy(&x, &bits, 4);
+  } else {
+    std::memcpy(&x, t.data + 4 * i, 4);
+  }
+  return x;
+}
+
+// The teacher columns of the first sample of the shards in `shards` (the last `hidden` of each
+// row) through the target's lm_head give the target's own logits (`debug target-features`): the
+// teacher is the state lm_head reads, after the final norm, up to its bf16 rounding.
+void ExpectTheTeacherGivesTheTargetsLogits(const TempDir& dir, const std::string& shards,
+                                           int64_t hidden) {
+  auto shard = SafetensorsFile::Open(dir.Join(shards + "/shard-00000.safetensors"));
+  auto frozen = SafetensorsFile::Open(dir.Join(shards + "/target.safetensors"));
+  ASSERT_TRUE(shard.ok() && frozen.ok());
+  const TensorView ids = *(*shard)->Get("input_ids"), rows = *(*shard)->Get("hidden_states");
+  int64_t len = 0;
+  std::memcpy(&len, (*(*shard)->Get("offsets")).data + 8, 8);  // sample 0: tokens 0 .. len-1
+  SafetensorsWriter writer;
+  ASSERT_TRUE(writer.Add("input_ids", DType::kI64, {1, len}, ids.data, len * 8).ok());
+  ASSERT_TRUE(writer.Write(dir.Join("teacher-ids.safetensors")).ok());
+  auto ran = RunCommand(absl::StrCat(kCli, " debug target-features --target ", dir.Join("tiny"),
+                                     " --ids ", dir.Join("teacher-ids.safetensors"),
+                                     " --layers 0 --out ", dir.Join("teacher-ref.safetensors")));
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  auto ref = SafetensorsFile::Open(dir.Join("teacher-ref.safetensors"));
+  ASSERT_TRUE(ref.ok());
+  const TensorView logits = *(*ref)->Get("logits");
+  const TensorView head = (*frozen)->Contains("lm_head.weight")
+                              ? *(*frozen)->Get("lm_head.weight")
+                              : *(*frozen)->Get("embed_tokens.weight");
+  const int64_t vocab = head.shape[0], row = rows.shape[1];
+  ASSERT_EQ(logits.shape, (std::vector<int64_t>{1, len, vocab}));
+  double diff = 0, norm = 0;
+  for (int64_t t = 0; t < len; ++t) {
+    for (int64_t v = 0; v < vocab; ++v) {
+      double z = 0;
+      for (int64_t h = 0; h < hidden; ++h) {
+        z += double(FloatAt(rows, t * row + row - hidden + h)) * FloatAt(head, v * hidden + h);
+      }
+      const double want = FloatAt(logits, t * vocab + v);
+      diff += (z - want) * (z - want);
+      norm += want * want;
+    }
+  }
+  EXPECT_LT(std::sqrt(diff / norm), 0.02) << "the teacher columns are not lm_head's input";
+}
+
 // train.loss kl / mix: the target's final hidden state travels with the features, from the online
 // target, from a feeder (the same bits) and from shards prepared with --teacher (the same bits
 // again); every step record says its KL, which falls. Shards without the teacher are refused for
@@ -283,6 +339,7 @@ TEST(OnlineTargetTest, DistillationTrainsFromTheTargetAFeederAndTeacherShards) {
   ASSERT_EQ(teacher.exit_code, 0) << teacher.output;
   EXPECT_EQ(nlohmann::json::parse(*ReadFile(dir.Join("teacher/manifest.json")))["teacher_size"],
             64);
+  ASSERT_NO_FATAL_FAILURE(ExpectTheTeacherGivesTheTargetsLogits(dir, "teacher", 64));
   auto plain = RunCommand(prepare + dir.Join("plain"));
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   const auto shards = [&](const std::string& name) {

@@ -336,7 +336,8 @@ absl::Status WorkerSession::ComputeShard(const InboxItem& item, int64_t shard, S
     out->add_slot_correct(0);
     out->add_slot_total(0);
   }
-  FD_ASSIGN_OR_RETURN(DrafterBatch batch, ShardBatch(item, device_, ce_weight_ < 1.0));
+  FD_ASSIGN_OR_RETURN(DrafterBatch batch,
+                      ShardBatch(item, device_, LossNeedsTeacher(setup_.job.train)));
   // Gradients accumulate into the reducer's buckets, whose exchanges start during the last
   // shard's backward.
   reducer_->Prepare();

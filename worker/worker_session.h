@@ -167,8 +167,8 @@ class WorkerSession {
   GradientReducerOptions reduction_;
   int64_t virtual_shards_ = 0;
   double gamma_ = 7.0;
-  double ce_weight_ =
-      1.0;  // train.loss: 1 is cross-entropy only, below it distils (teacher_hidden)
+  // train.loss's weight of cross-entropy: 1 is cross-entropy only, below it distils.
+  double ce_weight_ = 1.0;
 
   SessionInbox inbox_;
   SessionProgress progress_;

@@ -86,9 +86,8 @@ absl::StatusOr<std::unique_ptr<TargetFeatures>> TargetFeatures::Open(
           "target.layer_ids: ", id, " is outside the target's ", t.num_hidden_layers, " layers"));
     }
   }
-  f->computed_layers_ = f->layers_;
-  // Layer id L-1 is the last layer's output after the final norm, what lm_head reads.
-  if (o.teacher) f->computed_layers_.push_back(static_cast<int>(t.num_hidden_layers) - 1);
+  f->computed_layers_ =
+      LayersWithTeacher(f->layers_, static_cast<int>(t.num_hidden_layers), o.teacher);
   f->teacher_size_ = o.teacher ? t.hidden_size : 0;
   f->feature_size_ = static_cast<int64_t>(f->computed_layers_.size()) * t.hidden_size;
   return f;

@@ -1,6 +1,6 @@
 // The target model as a feature function: a sample's token ids in, the hidden states of the
 // feature layers out ([length, num_features × hidden] in the feature dtype, row-major; with the
-// teacher, its final-normed last hidden state as hidden more columns). One
+// teacher, hidden_size more columns: its last hidden state after the final norm). One
 // computation per whole sample, so that whoever runs it (the coordinator's in-process target or a
 // feeder, docs/ARCHITECTURE.md) gets the same bits on the same kind of device.
 #pragma once

@@ -16,12 +16,15 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace flashdraft;
-  const FeatureLayout layout{/*feature_size=*/8, DType::kBF16, /*max_seq_len=*/64};
+  // Rows of 8 elements, the last 2 of them a teacher feature when the work announces 5 tensors.
+  const FeatureLayout plain{/*feature_size=*/8, DType::kBF16, /*max_seq_len=*/64};
+  const FeatureLayout with_teacher{8, DType::kBF16, 64, /*teacher_size=*/2};
   ShardStore store(1 << 20);
   v1::FeedMessage message;
   if (message.ParseFromArray(data, static_cast<int>(size))) {
     if (message.has_work()) {
       const v1::ShardWork& work = message.work();
+      const FeatureLayout& layout = work.header().num_tensors() == 5 ? with_teacher : plain;
       absl::StatusOr<uint64_t> bytes = ShardFeatureBytes(work, layout);
       if (bytes.ok() && store.Assign(work, *bytes).ok()) {
         if (std::optional<ShardStore::Pending> p = store.TryNextToCompute()) {
