@@ -123,6 +123,18 @@ void WriteTinyJob(const TempDir& dir, const std::string& data, const std::string
                   .ok());
 }
 
+// `flashdraft launch` of `dir`/job.yaml with one worker into `dir`/`out`, stderr too.
+::flashdraft::testing::CommandResult LaunchTinyJob(const TempDir& dir, const std::string& out,
+                                                   const std::string& flags) {
+  return RunCommand(absl::StrCat(kCli, " launch ", dir.Join("job.yaml"), " --workers 1 --out ",
+                                 dir.Join(out), " ", flags, " 2>&1"));
+}
+
+// The drafter weights the launch into `dir`/`out` exported.
+std::string ExportedDrafter(const TempDir& dir, const std::string& out) {
+  return *ReadFile(dir.Join(out + "/drafter/model.safetensors"));
+}
+
 // data.sources: a file of weight 1 is the same job as data.jsonl, to the bit; weights repeat a
 // file's lines (2) or keep a seeded share of them (0.5).
 TEST(OnlineTargetTest, ADataMixWeighsItsFiles) {
@@ -137,12 +149,9 @@ TEST(OnlineTargetTest, ADataMixWeighsItsFiles) {
       WriteTinyJob(dir, absl::StrCat("{source: target, jsonl: ", dir.Join("a.jsonl"), "}"),
                    "{max_steps: 3, global_batch_size: 2}"));
   auto launch = [&](const std::string& out, const std::string& flags) {
-    return RunCommand(absl::StrCat(kCli, " launch ", dir.Join("job.yaml"), " --workers 1 --out ",
-                                   dir.Join(out), " ", flags, " 2>&1"));
+    return LaunchTinyJob(dir, out, flags);
   };
-  auto drafter = [&](const std::string& out) {
-    return *ReadFile(dir.Join(out + "/drafter/model.safetensors"));
-  };
+  auto drafter = [&](const std::string& out) { return ExportedDrafter(dir, out); };
   auto one = launch("one", "");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   EXPECT_THAT(one.output, HasSubstr("; 6 samples, 3 steps"));
@@ -181,9 +190,7 @@ TEST(OnlineTargetTest, ASlidingWindowDrafterTrainsIsServedAndSeedsAJob) {
       WriteTinyJob(dir, absl::StrCat("{source: target, jsonl: ", dir.Join("tiny/chats.jsonl"), "}"),
                    "{max_steps: 4, global_batch_size: 2}"));
   auto launch = [&](const std::string& out, const std::string& flags) {
-    return RunCommand(absl::StrCat(kCli, " launch ", dir.Join("job.yaml"), " --workers 1 --out ",
-                                   dir.Join(out), " --set drafter.num_hidden_layers=2 ", flags,
-                                   " 2>&1"));
+    return LaunchTinyJob(dir, out, "--set drafter.num_hidden_layers=2 " + flags);
   };
   const std::string sliding =
       "--set 'drafter.layer_types=[sliding_attention, full_attention]' "
@@ -192,8 +199,7 @@ TEST(OnlineTargetTest, ASlidingWindowDrafterTrainsIsServedAndSeedsAJob) {
   ASSERT_EQ(run.exit_code, 0) << run.output;
   auto full = launch("full", "");
   ASSERT_EQ(full.exit_code, 0) << full.output;
-  EXPECT_FALSE(*ReadFile(dir.Join("run/drafter/model.safetensors")) ==
-               *ReadFile(dir.Join("full/drafter/model.safetensors")));
+  EXPECT_FALSE(ExportedDrafter(dir, "run") == ExportedDrafter(dir, "full"));
 
   const nlohmann::json config =
       nlohmann::json::parse(*ReadFile(dir.Join("run/drafter/config.json")), nullptr, false);
@@ -305,12 +311,9 @@ TEST(OnlineTargetTest, DistillationTrainsFromTheTargetAFeederAndTeacherShards) {
       WriteTinyJob(dir, absl::StrCat("{source: target, jsonl: ", dir.Join("tiny/chats.jsonl"), "}"),
                    "{max_steps: 8, global_batch_size: 4, learning_rate: 0.003}"));
   auto launch = [&](const std::string& out, const std::string& flags) {
-    return RunCommand(absl::StrCat(kCli, " launch ", dir.Join("job.yaml"), " --workers 1 --out ",
-                                   dir.Join(out), " ", flags, " 2>&1"));
+    return LaunchTinyJob(dir, out, flags);
   };
-  auto drafter = [&](const std::string& out) {
-    return *ReadFile(dir.Join(out + "/drafter/model.safetensors"));
-  };
+  auto drafter = [&](const std::string& out) { return ExportedDrafter(dir, out); };
   auto kl = launch("kl", "--set train.loss=kl");
   ASSERT_EQ(kl.exit_code, 0) << kl.output;
   const std::vector<nlohmann::json> steps = StepRecords(dir.Join("kl"));
