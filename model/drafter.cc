@@ -27,6 +27,12 @@ torch::Tensor SlidingDecodeMask(int64_t context_length, int64_t block, int64_t w
   return key.le(query).logical_and(key.gt(query - window));
 }
 
+// In a packed row (DrafterBatch::positions): the row position where the sample of each of
+// `index` [b, m] starts, index − positions[index].
+torch::Tensor SampleStart(const torch::Tensor& positions, const torch::Tensor& index) {
+  return index - positions.gather(1, index);
+}
+
 // Σ w·loss over the predicted rows and their hits; fills the result's CE and KL sums.
 std::pair<torch::Tensor, torch::Tensor> LossOfRows(
     const torch::Tensor& h, const torch::Tensor& head, const torch::Tensor& labels,
@@ -205,8 +211,8 @@ torch::Tensor DrafterImpl::Forward(const torch::Tensor& features, const torch::T
   // Packed rows: positions count from each sample's start, and a block's context starts there.
   const bool packed = positions.defined();
   const torch::Tensor pos = packed ? positions.to(opts) : torch::Tensor();
-  const torch::Tensor anchor_pos = packed ? pos.gather(1, anchors) : anchors;
-  const torch::Tensor context_begin = packed ? anchors - anchor_pos : torch::Tensor();
+  const torch::Tensor context_begin = packed ? SampleStart(pos, anchors) : torch::Tensor();
+  const torch::Tensor anchor_pos = packed ? anchors - context_begin : anchors;
   const torch::Tensor pos_q =  // slot t of a → a + t (in its sample)
       (anchor_pos.unsqueeze(-1) + torch::arange(block, opts)).view({b, nb});
   auto [cos_q, sin_q] = RopeTables(pos_q, hd, c.rope_theta);  // [b, NB, hd]
@@ -349,8 +355,8 @@ DrafterLossResult DrafterImpl::Loss(const DrafterBatch& batch, double gamma,
   const torch::Tensor target_c = target.clamp_max(s - 1).view({b, -1});
   if (batch.positions.defined()) {  // a packed row: x[a + k] must be of the anchor's sample
     const torch::Tensor pos = batch.positions.to(opts);
-    const torch::Tensor start = (target_c - pos.gather(1, target_c)).view({b, n, block - 1});
-    valid = valid.logical_and(start == (anchors - pos.gather(1, anchors)).unsqueeze(-1));
+    valid = valid.logical_and(SampleStart(pos, target_c).view({b, n, block - 1}) ==
+                              SampleStart(pos, anchors).unsqueeze(-1));
   }
   const torch::Tensor labels = batch.input_ids.gather(1, target_c).view({b, n, block - 1});
   const torch::Tensor lm =

@@ -145,6 +145,12 @@ TEST(DrafterExportTest, CheckpointExportHasLibTorchsBf16Bits) {
   EXPECT_EQ(*ReadFile(dir.Join("torch/config.json")), *ReadFile(dir.Join("plain/config.json")));
 }
 
+// A refused step: exit code 1 and `want` in its output.
+void ExpectRefused(const ::flashdraft::testing::CommandResult& r, const std::string& want) {
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(want));
+}
+
 TEST(DrafterDebugStepTest, BadFilesGetClearErrors) {
   FD_SKIP_WITHOUT_REFERENCE_PYTHON();
   TempDir dir;
@@ -170,16 +176,14 @@ TEST(DrafterDebugStepTest, BadFilesGetClearErrors) {
   auto missing = w32;
   missing.erase("layers.0.self_attn.k_norm.weight");
   rewrite(dir.Join("w_missing.safetensors"), missing);
-  auto r = Step(dir.path(), "", "w_missing.safetensors");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, HasSubstr("no tensor named 'layers.0.self_attn.k_norm.weight'"));
+  ExpectRefused(Step(dir.path(), "", "w_missing.safetensors"),
+                "no tensor named 'layers.0.self_attn.k_norm.weight'");
 
   auto wrong_shape = w32;
   wrong_shape["fc.weight"] = torch::zeros({3, 3});
   rewrite(dir.Join("w_shape.safetensors"), wrong_shape);
-  r = Step(dir.path(), "", "w_shape.safetensors");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, HasSubstr("tensor 'fc.weight': shape [3, 3], expected [32, 96]"));
+  ExpectRefused(Step(dir.path(), "", "w_shape.safetensors"),
+                "tensor 'fc.weight': shape [3, 3], expected [32, 96]");
 
   std::map<std::string, torch::Tensor> batch;
   for (const std::string& name : (*batch_file)->names())
@@ -187,54 +191,43 @@ TEST(DrafterDebugStepTest, BadFilesGetClearErrors) {
   auto bad_anchor_dtype = batch;
   bad_anchor_dtype["anchors"] = batch["anchors"].to(torch::kInt32).contiguous();
   rewrite(dir.Join("b_dtype.safetensors"), bad_anchor_dtype);
-  r = Step(dir.path(), "", "w.safetensors", "b_dtype.safetensors");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, HasSubstr("tensor 'anchors': dtype is I32, expected I64"));
+  ExpectRefused(Step(dir.path(), "", "w.safetensors", "b_dtype.safetensors"),
+                "tensor 'anchors': dtype is I32, expected I64");
 
   auto bad_features = batch;
   bad_features["hidden_states"] = torch::zeros({2, 40, 95});
   rewrite(dir.Join("b_feat.safetensors"), bad_features);
-  r = Step(dir.path(), "", "w.safetensors", "b_feat.safetensors");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output,
-              HasSubstr("tensor 'hidden_states': shape [2, 40, 95], expected [2, 40, 96]"));
+  ExpectRefused(Step(dir.path(), "", "w.safetensors", "b_feat.safetensors"),
+                "tensor 'hidden_states': shape [2, 40, 95], expected [2, 40, 96]");
 
   auto bad_anchor = batch;
   bad_anchor["anchors"] = batch["anchors"].clone();
   bad_anchor["anchors"].index_put_({0, 0}, 39);
   rewrite(dir.Join("b_anchor.safetensors"), bad_anchor);
-  r = Step(dir.path(), "", "w.safetensors", "b_anchor.safetensors");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, HasSubstr("anchors[0][0] = 39 is outside [0, S-2] = [0, 38]"));
+  ExpectRefused(Step(dir.path(), "", "w.safetensors", "b_anchor.safetensors"),
+                "anchors[0][0] = 39 is outside [0, S-2] = [0, 38]");
 
   auto no_mask = batch;
   no_mask.erase("loss_mask");
   rewrite(dir.Join("b_nomask.safetensors"), no_mask);
-  r = Step(dir.path(), "", "w.safetensors", "b_nomask.safetensors");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, HasSubstr("no tensor named 'loss_mask'"));
+  ExpectRefused(Step(dir.path(), "", "w.safetensors", "b_nomask.safetensors"),
+                "no tensor named 'loss_mask'");
 
   // Distillation needs the target's hidden states, of the target's width.
-  r = Step(dir.path(), "--ce-weight 0.5");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, HasSubstr("--ce-weight 0.5 (distillation) needs tensor 'teacher_hidden'"));
-  r = Step(dir.path(), "--ce-weight 1.5");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, HasSubstr("--ce-weight must be in [0, 1], got 1.5"));
+  ExpectRefused(Step(dir.path(), "--ce-weight 0.5"),
+                "--ce-weight 0.5 (distillation) needs tensor 'teacher_hidden'");
+  ExpectRefused(Step(dir.path(), "--ce-weight 1.5"), "--ce-weight must be in [0, 1], got 1.5");
   auto bad_teacher = batch;
   bad_teacher["teacher_hidden"] = torch::zeros({2, 40, 31});
   rewrite(dir.Join("b_teacher.safetensors"), bad_teacher);
-  r = Step(dir.path(), "--ce-weight 0", "w.safetensors", "b_teacher.safetensors");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, HasSubstr("tensor 'teacher_hidden': F32 [2, 40, 31], expected F32, BF16 "
-                                  "or F16 [2, 40, 32]"));
+  ExpectRefused(Step(dir.path(), "--ce-weight 0", "w.safetensors", "b_teacher.safetensors"),
+                "tensor 'teacher_hidden': F32 [2, 40, 31], expected F32, BF16 "
+                "or F16 [2, 40, 32]");
 
   // Block size 12 has no default decay.
-  r = RunCommand(
+  RunCommand(
       absl::StrCat("sed -i 's/\"block_size\": 8/\"block_size\": 12/' ", dir.Join("drafter.json")));
-  r = Step(dir.path());
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, HasSubstr("--gamma is required for block_size 12"));
+  ExpectRefused(Step(dir.path()), "--gamma is required for block_size 12");
 }
 
 }  // namespace
@@ -243,15 +236,12 @@ TEST(DrafterDebugStepTest, BadFilesGetClearErrors) {
 namespace flashdraft {
 namespace {
 
-// Inference drafts what training computes: a block at T over the context 0..T-1 gives the same
-// logits' argmax whether the context was built at once or grew piece by piece (the KV cache a
-// server keeps), and the same as the training forward for an anchor at T (GQA: 2 heads, 1 KV head).
-// With a sliding layer (window 6 over a context of 11) the same holds.
-void ExpectDraftingEqualsTheTrainingForward(const DrafterModelConfig& config) {
-  torch::manual_seed(3);
+// A drafter initialised from `seed`, then with larger random weights than the init (so that
+// argmaxes are decided by the computation) and random frozen tensors, from torch's generator.
+Drafter RandomDrafter(const DrafterModelConfig& config, uint64_t seed) {
   Drafter drafter(config);
-  drafter->InitWeights(7);
-  {  // larger weights than the init, so that argmaxes are decided by the computation
+  drafter->InitWeights(seed);
+  {
     torch::NoGradGuard no_grad;
     for (auto& p : drafter->parameters()) {
       if (p.dim() > 1) p.normal_(0, 0.3);
@@ -259,6 +249,16 @@ void ExpectDraftingEqualsTheTrainingForward(const DrafterModelConfig& config) {
   }
   drafter->SetFrozen(torch::randn({config.vocab_size, config.hidden_size}),
                      torch::randn({config.vocab_size, config.hidden_size}));
+  return drafter;
+}
+
+// Inference drafts what training computes: a block at T over the context 0..T-1 gives the same
+// logits' argmax whether the context was built at once or grew piece by piece (the KV cache a
+// server keeps), and the same as the training forward for an anchor at T (GQA: 2 heads, 1 KV head).
+// With a sliding layer (window 6 over a context of 11) the same holds.
+void ExpectDraftingEqualsTheTrainingForward(const DrafterModelConfig& config) {
+  torch::manual_seed(3);
+  Drafter drafter = RandomDrafter(config, 7);
   const int64_t s = 11, block = config.block_size;
   const torch::Tensor features = torch::randn({1, s, config.feature_size()});
   const int64_t first = 5;
@@ -436,17 +436,8 @@ StepOutcome RunStep(Drafter& drafter, const DrafterBatch& batch, double ce_weigh
 void ExpectPackedEqualsUnpacked(const DrafterModelConfig& config, double ce_weight,
                                 int64_t chunk_bytes = int64_t{64} << 20) {
   torch::manual_seed(11);
-  Drafter drafter(config);
-  drafter->InitWeights(3);
+  Drafter drafter = RandomDrafter(config, 3);
   drafter->attention_options.chunk_score_bytes = chunk_bytes;
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& p : drafter->parameters()) {
-      if (p.dim() > 1) p.normal_(0, 0.3);
-    }
-  }
-  drafter->SetFrozen(torch::randn({config.vocab_size, config.hidden_size}),
-                     torch::randn({config.vocab_size, config.hidden_size}));
   // The last anchor of each sample is within a block of its end.
   const PackedAndUnpacked batches =
       MakePackedBatches(config, {13, 6, 9}, {{1, 4, 11}, {0, 3}, {2, 5, 7}});

@@ -17,6 +17,46 @@ torch::Tensor ChunkLogits(torch::ScalarType compute, const torch::Tensor& h,
   return torch::mm_out(logits, h, head.t());
 }
 
+// One chunk of rows [r0, r0 + n) as both losses see it.
+struct LogitChunk {
+  int64_t r0, n;
+  torch::Tensor logits;  // [n, V] fp32: the drafter's
+  torch::Tensor lse;     // [n, 1] their logsumexp
+  torch::Tensor label;   // [n, 1]
+  torch::Tensor w;       // [n, 1] the rows' weights
+};
+
+// The loop both losses share. For every chunk of rows: the drafter's logits, their argmax hits,
+// then `loss(chunk)`, which adds the chunk's sums and, with `with_grad`, turns chunk.logits in
+// place into d(loss)/d(logits) per unit weight; the loop then forms the gradient with respect to
+// `hidden` while the chunk's logits exist: that times w, times head. `d_hidden`: [R, H] when
+// with_grad.
+template <typename ChunkLoss>
+void ForEachLogitChunk(const torch::Tensor& hidden, const torch::Tensor& head,
+                       const torch::Tensor& labels, const torch::Tensor& weights,
+                       int64_t chunk_rows, bool with_grad, torch::ScalarType compute,
+                       torch::Tensor& hits, torch::Tensor& d_hidden, ChunkLoss loss) {
+  const int64_t rows = hidden.size(0), step = chunk_rows;
+  torch::Tensor buffer;
+  for (int64_t r0 = 0; r0 < rows; r0 += step) {
+    const int64_t n = std::min(step, rows - r0);
+    const torch::Tensor logits =
+        ChunkLogits(compute, hidden.narrow(0, r0, n), head, std::min(step, rows), buffer);
+    const LogitChunk c{r0,
+                       n,
+                       logits,
+                       torch::logsumexp(logits, -1, /*keepdim=*/true),
+                       labels.narrow(0, r0, n).unsqueeze(1),
+                       weights.narrow(0, r0, n).unsqueeze(1)};
+    hits.narrow(0, r0, n).copy_(c.logits.argmax(-1).eq(c.label.squeeze(1)).to(torch::kInt64));
+    loss(c);
+    if (with_grad) {
+      c.logits.mul_(c.w);
+      d_hidden.narrow(0, r0, n).copy_(MatmulIn(compute, c.logits, head));
+    }
+  }
+}
+
 // The gradient is formed in forward, chunk by chunk, while each chunk's logits exist:
 // d(Σ w·CE)/dh = ((softmax − onehot) · w) · head, an [R, H] tensor, so backward is a scaling and no
 // logits are kept or recomputed (as many matmuls as the unfused version, a fraction of its memory).
@@ -29,28 +69,18 @@ class ChunkedCrossEntropyFunction : public torch::autograd::Function<ChunkedCros
                                                 const torch::Tensor& labels,
                                                 const torch::Tensor& weights, int64_t chunk_rows,
                                                 bool with_grad, int64_t compute_dtype) {
-    const auto compute = static_cast<torch::ScalarType>(compute_dtype);
-    const int64_t rows = hidden.size(0), step = chunk_rows;
     torch::Tensor total = torch::zeros({}, hidden.options());
-    torch::Tensor hits = torch::empty({rows}, labels.options());
+    torch::Tensor hits = torch::empty({hidden.size(0)}, labels.options());
     torch::Tensor d_hidden = with_grad ? torch::empty_like(hidden) : torch::Tensor();
-    torch::Tensor buffer;
-    for (int64_t r0 = 0; r0 < rows; r0 += step) {
-      const int64_t n = std::min(step, rows - r0);
-      torch::Tensor logits =
-          ChunkLogits(compute, hidden.narrow(0, r0, n), head, std::min(step, rows), buffer);
-      const torch::Tensor lse = torch::logsumexp(logits, -1, /*keepdim=*/true);
-      const torch::Tensor label = labels.narrow(0, r0, n).unsqueeze(1);
-      const torch::Tensor w = weights.narrow(0, r0, n).unsqueeze(1);
-      total += (w * (lse - logits.gather(1, label))).sum();
-      hits.narrow(0, r0, n).copy_(logits.argmax(-1).eq(label.squeeze(1)).to(torch::kInt64));
-      if (with_grad) {
-        // In place: logits become (softmax − onehot) · w.
-        logits.sub_(lse).exp_().scatter_add_(1, label, -torch::ones({n, 1}, logits.options()));
-        logits.mul_(w);
-        d_hidden.narrow(0, r0, n).copy_(MatmulIn(compute, logits, head));
-      }
-    }
+    ForEachLogitChunk(hidden, head, labels, weights, chunk_rows, with_grad,
+                      static_cast<torch::ScalarType>(compute_dtype), hits, d_hidden,
+                      [&](const LogitChunk& c) {
+                        total += (c.w * (c.lse - c.logits.gather(1, c.label))).sum();
+                        if (!with_grad) return;
+                        // In place: logits become softmax − onehot.
+                        c.logits.sub_(c.lse).exp_().scatter_add_(
+                            1, c.label, -torch::ones({c.n, 1}, c.logits.options()));
+                      });
     ctx->save_for_backward({d_hidden});
     ctx->mark_non_differentiable({hits});
     return {total, hits};
@@ -74,37 +104,32 @@ class ChunkedDistillationFunction : public torch::autograd::Function<ChunkedDist
       const torch::Tensor& labels, const torch::Tensor& teacher, const torch::Tensor& weights,
       double alpha, int64_t chunk_rows, bool with_grad, int64_t compute_dtype) {
     const auto compute = static_cast<torch::ScalarType>(compute_dtype);
-    const int64_t rows = hidden.size(0), step = chunk_rows, buffer_rows = std::min(step, rows);
+    const int64_t buffer_rows = std::min(chunk_rows, hidden.size(0));
     torch::Tensor total = torch::zeros({}, hidden.options()), total_ce = torch::zeros_like(total),
                   total_kl = torch::zeros_like(total);
-    torch::Tensor hits = torch::empty({rows}, labels.options());
+    torch::Tensor hits = torch::empty({hidden.size(0)}, labels.options());
     torch::Tensor d_hidden = with_grad ? torch::empty_like(hidden) : torch::Tensor();
-    torch::Tensor buffer, teacher_buffer;
-    for (int64_t r0 = 0; r0 < rows; r0 += step) {
-      const int64_t n = std::min(step, rows - r0);
-      torch::Tensor zs = ChunkLogits(compute, hidden.narrow(0, r0, n), head, buffer_rows, buffer);
-      torch::Tensor zt = ChunkLogits(compute, teacher.narrow(0, r0, n).to(hidden.dtype()), head,
-                                     buffer_rows, teacher_buffer);
-      const torch::Tensor lse_s = torch::logsumexp(zs, -1, /*keepdim=*/true);
-      const torch::Tensor lse_t = torch::logsumexp(zt, -1, /*keepdim=*/true);
-      const torch::Tensor pt = (zt - lse_t).exp_();
-      const torch::Tensor label = labels.narrow(0, r0, n).unsqueeze(1);
-      const torch::Tensor w = weights.narrow(0, r0, n).unsqueeze(1);
-      const torch::Tensor ce = lse_s - zs.gather(1, label);
-      // Σ p_t·(z_t − z_s) in z_t's own memory: three [n, V] tensors live at once (z_s, z_t, p_t).
-      const torch::Tensor kl = zt.sub_(zs).mul_(pt).sum(-1, /*keepdim=*/true) + (lse_s - lse_t);
-      total += (w * (alpha * ce + (1 - alpha) * kl)).sum();
-      total_ce += (w * ce).sum();
-      total_kl += (w * kl).sum();
-      hits.narrow(0, r0, n).copy_(zs.argmax(-1).eq(label.squeeze(1)).to(torch::kInt64));
-      if (with_grad) {
-        // In place: z_s becomes w·(p_s − α·onehot − (1−α)·p_t).
-        zs.sub_(lse_s).exp_().sub_(pt, 1 - alpha);
-        zs.scatter_add_(1, label, torch::full({n, 1}, -alpha, zs.options()));
-        zs.mul_(w);
-        d_hidden.narrow(0, r0, n).copy_(MatmulIn(compute, zs, head));
-      }
-    }
+    torch::Tensor teacher_buffer;
+    ForEachLogitChunk(
+        hidden, head, labels, weights, chunk_rows, with_grad, compute, hits, d_hidden,
+        [&](const LogitChunk& c) {
+          const torch::Tensor& zs = c.logits;
+          torch::Tensor zt = ChunkLogits(compute, teacher.narrow(0, c.r0, c.n).to(hidden.dtype()),
+                                         head, buffer_rows, teacher_buffer);
+          const torch::Tensor lse_t = torch::logsumexp(zt, -1, /*keepdim=*/true);
+          const torch::Tensor pt = (zt - lse_t).exp_();
+          const torch::Tensor ce = c.lse - zs.gather(1, c.label);
+          // Σ p_t·(z_t − z_s) in z_t's own memory: three [n, V] tensors live at once (z_s, z_t,
+          // p_t).
+          const torch::Tensor kl = zt.sub_(zs).mul_(pt).sum(-1, /*keepdim=*/true) + (c.lse - lse_t);
+          total += (c.w * (alpha * ce + (1 - alpha) * kl)).sum();
+          total_ce += (c.w * ce).sum();
+          total_kl += (c.w * kl).sum();
+          if (!with_grad) return;
+          // In place: z_s becomes p_s − α·onehot − (1−α)·p_t.
+          zs.sub_(c.lse).exp_().sub_(pt, 1 - alpha);
+          zs.scatter_add_(1, c.label, torch::full({c.n, 1}, -alpha, zs.options()));
+        });
     ctx->save_for_backward({d_hidden});
     ctx->mark_non_differentiable({total_ce, total_kl, hits});
     return {total, total_ce, total_kl, hits};
