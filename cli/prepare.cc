@@ -278,16 +278,15 @@ absl::Status ImportFiles(const std::vector<std::string>& files, const TargetMode
   return absl::OkStatus();
 }
 
-// --data: each JSONL line one sample, its features from the target's forward.
+// --data: each JSONL line one sample, its features from the target's forward (`computed`: the
+// layers a row holds, the teacher's last).
 absl::Status ReadLines(const PrepareOptions& o, std::istream& in, TargetModel& model,
-                       const std::vector<int>& layers, SampleWriter& out) {
+                       const std::vector<int>& computed, SampleWriter& out) {
   const int64_t vocab = model.config().vocab_size;
   std::string line;
   int64_t line_no = 0;
   std::vector<int64_t> ids, mask;
   ChatLineReader chat({o.target, o.tokenizer, o.max_new_tokens, o.chat}, model);
-  const std::vector<int> computed =
-      LayersWithTeacher(layers, static_cast<int>(model.config().num_hidden_layers), o.teacher);
   while (std::getline(in, line)) {
     ++line_no;
     if (const std::streamoff at = in.tellg(); at >= 0) out.ShowProgress(static_cast<double>(at));
@@ -341,10 +340,10 @@ absl::Status Prepare(const PrepareOptions& o) {
   std::filesystem::create_directories(o.out, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", o.out, ": ", ec.message()));
 
-  const int64_t feature_size =
-      static_cast<int64_t>(
-          LayersWithTeacher(layers, static_cast<int>(t.num_hidden_layers), o.teacher).size()) *
-      t.hidden_size;
+  // The layers a row holds: the drafter's, then with --teacher the target's last.
+  const std::vector<int> computed =
+      LayersWithTeacher(layers, static_cast<int>(t.num_hidden_layers), o.teacher);
+  const int64_t feature_size = static_cast<int64_t>(computed.size()) * t.hidden_size;
   // How far through the input (bytes of the JSONL, or files imported): a bar on a terminal.
   std::error_code size_error;
   const auto input_bytes = import ? 0 : std::filesystem::file_size(o.data, size_error);
@@ -356,7 +355,7 @@ absl::Status Prepare(const PrepareOptions& o) {
   if (import) {
     FD_RETURN_IF_ERROR(ImportFiles(files, t, feature_size, layers.size(), out));
   } else {
-    FD_RETURN_IF_ERROR(ReadLines(o, in, *model, layers, out));
+    FD_RETURN_IF_ERROR(ReadLines(o, in, *model, computed, out));
   }
   return out.Finish(*model, layers,
                     import ? static_cast<double>(files.size()) : static_cast<double>(input_bytes));
