@@ -37,26 +37,34 @@ MicrobatchPacker::MicrobatchPacker(int64_t batch, int64_t seq_len, const Feature
   anchors_.reserve(batch);
 }
 
-// The sample's rows into hidden_states (and teacher_hidden), zero-padded to seq_len.
-absl::Status MicrobatchPacker::CopyColumns(const Sample& sample) {
-  const int64_t len = sample.length();
-  const size_t elem = ElementSize(columns_.dtype);
-  const size_t row_bytes = columns_.row * elem, feature_bytes = columns_.features * elem;
-  if (columns_.features == columns_.row) {  // whole rows: one copy
-    FD_RETURN_IF_ERROR(features_.writer.Copy(sample.features, len * row_bytes));
+namespace {
+
+// Bytes [offset, offset + width) of each of `len` rows of `row_bytes` into `writer`, then zeros for
+// the `pad` rows after them.
+absl::Status CopyRowSlices(ChunkCrcWriter& writer, const uint8_t* rows, int64_t len, int64_t pad,
+                           size_t row_bytes, size_t offset, size_t width) {
+  if (offset == 0 && width == row_bytes) {  // whole rows: one copy
+    FD_RETURN_IF_ERROR(writer.Copy(rows, len * row_bytes));
   } else {
     for (int64_t t = 0; t < len; ++t) {
-      FD_RETURN_IF_ERROR(features_.writer.Copy(sample.features + t * row_bytes, feature_bytes));
+      FD_RETURN_IF_ERROR(writer.Copy(rows + t * row_bytes + offset, width));
     }
   }
-  FD_RETURN_IF_ERROR(features_.writer.Zero((seq_len_ - len) * feature_bytes));
+  return writer.Zero(pad * width);
+}
+
+}  // namespace
+
+// The sample's rows into hidden_states (and teacher_hidden), zero-padded to seq_len.
+absl::Status MicrobatchPacker::CopyColumns(const Sample& sample) {
+  const int64_t len = sample.length(), pad = seq_len_ - len;
+  const size_t elem = ElementSize(columns_.dtype), row_bytes = columns_.row * elem;
+  FD_RETURN_IF_ERROR(CopyRowSlices(features_.writer, sample.features, len, pad, row_bytes, 0,
+                                   columns_.features * elem));
   if (teacher_ == nullptr) return absl::OkStatus();
   const size_t teacher_bytes = columns_.teacher * elem;
-  const uint8_t* first = sample.features + row_bytes - teacher_bytes;
-  for (int64_t t = 0; t < len; ++t) {
-    FD_RETURN_IF_ERROR(teacher_->writer.Copy(first + t * row_bytes, teacher_bytes));
-  }
-  return teacher_->writer.Zero((seq_len_ - len) * teacher_bytes);
+  return CopyRowSlices(teacher_->writer, sample.features, len, pad, row_bytes,
+                       row_bytes - teacher_bytes, teacher_bytes);
 }
 
 absl::Status MicrobatchPacker::Add(const Sample& sample, std::vector<int64_t> anchors) {
